@@ -1,0 +1,63 @@
+# Developer and CI entry points. The servers (NATS with JetStream, SecantusDB) come
+# from scripts/services.sh, which installs them into the git-ignored .tools/.
+#
+#   make services-up      start NATS and SecantusDB on 127.0.0.1 (left running)
+#   make services-down    stop them
+#   make services-status  show whether they run
+#   make test             fmt, clippy, tests (with NATS_URL/MONGODB_URI), chart check
+#   make run              the service against the local servers (or scripts/demo.sh)
+#
+# `test` and `run` stop, on exit (also on failure or Ctrl-C), exactly the servers
+# that they started themselves; servers that were already running stay up. The
+# exit code of the failing step is kept.
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := test
+
+SERVICES := scripts/services.sh
+
+# Start the servers this recipe needs, remembering which ones it started, stop
+# those on exit, and export NATS_URL and MONGODB_URI. Used as the head of a
+# one-shell recipe (each recipe below is a single shell).
+define with_services
+started="$$(mktemp)"; \
+cleanup() { trap '' PIPE; $(SERVICES) down --started-file "$$started" || true; rm -f "$$started"; }; \
+trap cleanup EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; \
+$(SERVICES) up --started-file "$$started" >&2; \
+eval "$$($(SERVICES) env)"
+endef
+
+.PHONY: services-up services-down services-status test run
+
+services-up:
+	@$(SERVICES) up
+
+services-down:
+	@$(SERVICES) down
+
+services-status:
+	@$(SERVICES) status
+
+test:
+	@$(with_services); \
+	echo "==> NATS_URL=$$NATS_URL MONGODB_URI=$$MONGODB_URI" >&2; \
+	echo "==> cargo fmt --check" >&2; \
+	cargo fmt --check; \
+	echo "==> cargo clippy --all-targets -- -D warnings" >&2; \
+	cargo clippy --all-targets -- -D warnings; \
+	echo "==> cargo test --all-targets" >&2; \
+	cargo test --all-targets; \
+	if [ -x scripts/check-chart.sh ]; then \
+		echo "==> scripts/check-chart.sh" >&2; \
+		scripts/check-chart.sh; \
+	fi
+
+run:
+	@$(with_services); \
+	export HISTORY_VIEW_NATS_URL="$$NATS_URL" HISTORY_VIEW_MONGODB_URI="$$MONGODB_URI"; \
+	if [ -x scripts/demo.sh ]; then \
+		scripts/demo.sh; \
+	else \
+		cargo run --release --bin chat-history-view; \
+	fi

