@@ -164,11 +164,14 @@ pub enum Decoded {
     Event(ViewEvent),
 }
 
-/// A NATS payload that cannot be read at all. aihub's persister could not store it either.
+/// A NATS payload that cannot be read at all (not JSON). aihub's persister could not store it either.
 #[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    #[error("payload is not valid JSON")]
-    InvalidJson(#[source] serde_json::Error),
+#[error("payload is not valid JSON")]
+pub struct DecodeError {
+    /// The delivery the payload came with, for metadata-only logging.
+    pub key: DeliveryKey,
+    #[source]
+    source: serde_json::Error,
 }
 
 /// The five projectable families, as a bit set of a parents list.
@@ -395,10 +398,12 @@ fn parse_raw(raw: Option<&RawValue>) -> Option<Value> {
 /// stored as that family; unknown events without the list stay irrelevant either way.
 ///
 /// # Errors
-/// [`DecodeError::InvalidJson`] when the payload is not JSON at all.
+/// [`DecodeError`] when the payload is not JSON at all.
 pub fn decode_payload(key: DeliveryKey, payload: &[u8]) -> Result<Decoded, DecodeError> {
-    let head: PayloadHead<'_> =
-        serde_json::from_slice(payload).map_err(DecodeError::InvalidJson)?;
+    let head: PayloadHead<'_> = match serde_json::from_slice(payload) {
+        Ok(head) => head,
+        Err(source) => return Err(DecodeError { key, source }),
+    };
     let families = match head.parents {
         Some(raw) => json_families(raw),
         None if head.is_object => {

@@ -1,17 +1,33 @@
 //! chat-history-view: a materialized view of aihub chat histories.
 //!
 //! aihub agents publish display events on NATS; aihub persists every event in MongoDB (`agent_events`). This
-//! crate rebuilds a thread's client-visible chat history from those events exactly as aihub's projector does, and
-//! keeps it current in memory as events stream in.
+//! service rebuilds a thread's client-visible chat history from those events exactly as aihub's projector does,
+//! keeps it current in memory as events stream in, and serves it over HTTP.
 //!
 //! # Layout (the data flow)
 //!
 //! - [`subject`]: a NATS subject becomes the event's [`subject::DeliveryKey`].
 //! - [`decode`]: the family filter, then a payload (JSON) or a store row (BSON) becomes a compact
 //!   [`decode::ViewEvent`]; one decoder for both paths.
-//! - [`project`]: the pure projector: events and the read's primary identity become the history and its warnings.
+//! - [`view`]: a thread's events, deduplicated and in projection order; `Complete` or `Partial`.
+//! - [`project`]: the pure projector: events and the read's primary identity become the history and warnings.
+//! - [`ingest`]: the NATS loop (subject → decode → view) and the connection watcher (gaps → downgrades).
+//! - [`store`]: the two-stage MongoDB query, decoded by the same decoder.
+//! - [`cache`]: the moka cache of views; reads answer from complete views or hydrate from the store.
+//! - [`http`]: the read API, health, readiness, metrics and the OpenAPI document.
+//! - [`config`], [`telemetry`], [`metrics`], [`health`], [`startup`], [`shutdown`]: the service around them.
 
+pub mod cache;
+pub mod config;
 pub mod decode;
+pub mod health;
+pub mod http;
+pub mod ingest;
+pub mod metrics;
 pub mod project;
+pub mod shutdown;
+pub mod startup;
+pub mod store;
 pub mod subject;
+pub mod telemetry;
 pub mod view;

@@ -1,1 +1,27 @@
-fn main() {}
+//! The `chat-history-view` binary: parse the configuration, start logging, build the application, run it until
+//! SIGINT or SIGTERM, report how it ended.
+
+use std::process::ExitCode;
+
+use chat_history_view::config::Config;
+use chat_history_view::startup::Application;
+use chat_history_view::{shutdown, telemetry};
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    telemetry::init(config.log_format, std::io::stdout);
+    let result = async {
+        let application = Application::build(config).await?;
+        application.run_until_stopped(shutdown::signal()).await
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "chat-history-view failed");
+            ExitCode::FAILURE
+        }
+    }
+}

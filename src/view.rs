@@ -46,6 +46,10 @@ pub struct ThreadView {
     /// Approximate heap and inline bytes held, for the cache's byte budget.
     bytes: usize,
     state: ViewState,
+    /// Displays the last hydration fetched from the store (those visible then). A marker landing live on any other
+    /// display may reveal events persisted before that hydration, which the view never fetched, so it makes the
+    /// view partial again.
+    covered: HashSet<Box<str>>,
     /// Bumped on every change; with the read's query it identifies a response body (the ETag).
     version: u64,
 }
@@ -58,6 +62,7 @@ impl Default for ThreadView {
             key_hashes: HashSet::new(),
             bytes: VIEW_OVERHEAD_BYTES,
             state: ViewState::Partial,
+            covered: HashSet::new(),
             version: 0,
         }
     }
@@ -79,15 +84,22 @@ impl ThreadView {
         Self::default()
     }
 
-    /// A complete view from the store's rows (in store order) merged with the live events of `live`, which the
-    /// store may not have yet. Duplicates across the two count once.
-    pub fn hydrated(store_events: impl IntoIterator<Item = ViewEvent>, live: &ThreadView) -> Self {
+    /// A complete view from the store's rows (in store order) for the `covered` displays, merged with the live
+    /// events of `live`, which the store may not have yet. Duplicates across the two count once.
+    pub fn hydrated(
+        store_events: impl IntoIterator<Item = ViewEvent>,
+        covered: impl IntoIterator<Item = String>,
+        live: &ThreadView,
+    ) -> Self {
         let mut view = ThreadView::new();
         for event in store_events {
             view.insert(event);
         }
         view.merge(live);
+        view.covered = covered.into_iter().map(String::into_boxed_str).collect();
+        view.bytes += view.covered.iter().map(|d| d.len() + 32).sum::<usize>();
         view.state = ViewState::Complete;
+        view.version = live.version + 1;
         view
     }
 
@@ -101,6 +113,12 @@ impl ThreadView {
     /// Inserts one event in projection order. An event whose delivery key the view already holds (among events of
     /// the same validity) is a duplicate and is dropped: the first delivery wins, as in aihub's dedup.
     pub fn insert(&mut self, event: ViewEvent) -> Inserted {
+        if self.state == ViewState::Complete
+            && event.is_marker()
+            && !self.covered.contains(event.key.display_id())
+        {
+            self.state = ViewState::Partial;
+        }
         let hash = key_hash(&event.key);
         let maybe_held = self.key_hashes.contains(&hash);
         match project::validate(&event) {
@@ -143,9 +161,9 @@ impl ThreadView {
         self.state
     }
 
-    /// Marks the view as possibly missing events (a gap in the live stream).
-    pub fn downgrade(&mut self) {
-        self.state = ViewState::Partial;
+    /// Marks the view as possibly missing events (a gap in the live stream). Returns whether it was complete.
+    pub fn downgrade(&mut self) -> bool {
+        std::mem::replace(&mut self.state, ViewState::Partial) == ViewState::Complete
     }
 
     pub fn version(&self) -> u64 {
@@ -237,9 +255,48 @@ mod tests {
         live.insert(chunk("c", json!(3), "C"));
         let view = ThreadView::hydrated(
             [chunk("a", json!(1), "A"), chunk("b", json!(2), "B")],
+            ["d".to_owned()],
             &live,
         );
         assert_eq!(view.state(), ViewState::Complete);
         assert_eq!(view.len(), 3);
+        assert!(view.version() > live.version());
+    }
+
+    fn marker(event_id: &str, display: &str) -> ViewEvent {
+        let key = DeliveryKey::from_fields([
+            "UserAgent",
+            "u",
+            "t",
+            display,
+            "r",
+            "display_event",
+            "UserMessageEvent",
+            event_id,
+        ]);
+        let payload = json!({"_parent_event_names": ["UserMessageEvent"], "created_at": 5,
+            "messages": [{"role": "user", "blocks": [{"block_type": "text", "text": "hi"}]}]});
+        match decode_payload(key, payload.to_string().as_bytes()).unwrap() {
+            Decoded::Event(e) => e,
+            Decoded::Irrelevant => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_marker_on_a_display_the_hydration_did_not_cover_makes_the_view_partial() {
+        let mut view = ThreadView::hydrated([], ["d".to_owned()], &ThreadView::new());
+        view.insert(marker("m1", "d"));
+        assert_eq!(view.state(), ViewState::Complete);
+        view.insert(chunk("c1", json!(6), "on a hidden display"));
+        assert_eq!(view.state(), ViewState::Complete);
+        view.insert(marker("m2", "elsewhere"));
+        assert_eq!(view.state(), ViewState::Partial);
+    }
+
+    #[test]
+    fn downgrade_reports_whether_the_view_was_complete() {
+        let mut view = ThreadView::hydrated([], Vec::<String>::new(), &ThreadView::new());
+        assert!(view.downgrade());
+        assert!(!view.downgrade());
     }
 }

@@ -8,3 +8,17 @@ mod projector;
 mod properties;
 // Random thread generator shared by property and convergence tests.
 mod threads;
+// Conformance cases end to end through the store and live paths.
+mod conformance;
+// Test applications and helpers.
+mod helpers;
+// Child-process guards for nats-server and the Mongo-wire server.
+mod servers;
+// The store path: index use, missing index, outage, operator characters.
+mod store;
+// The HTTP contract.
+mod http;
+// The live path: read-after-publish, convergence, gaps, shared hydration, warnings, memory.
+mod live;
+// Graceful shutdown.
+mod shutdown;

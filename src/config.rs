@@ -1,0 +1,275 @@
+//! `Config`: every setting, as a flag with a `HISTORY_VIEW_*` environment fallback and a documented default.
+//! Values are parsed into typed values here, so a bad one stops start-up with a message naming the setting.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+pub const DEFAULT_SUBJECT: &str = "agent.*.*.*.*.*.display_event.*.*";
+pub const DEFAULT_INDEX_HINT: &str = "thread_id_1_event_type_1_event_parents_1";
+/// 256 MiB: enough for tens of thousands of active threads; beyond it the least useful views are evicted (and
+/// hydrated again on their next read).
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// chat-history-view: serves aihub chat histories from a live view of NATS display events, falling back to the
+/// `agent_events` collection in MongoDB.
+#[derive(Debug, Clone, Parser)]
+#[command(version, about)]
+#[deny(missing_docs)]
+pub struct Config {
+    /// NATS server URL (env HISTORY_VIEW_NATS_URL; default nats://127.0.0.1:4222).
+    #[arg(long, env = "HISTORY_VIEW_NATS_URL", default_value = "nats://127.0.0.1:4222", value_parser = parse_nats_url)]
+    pub nats_url: String,
+
+    /// Subject to subscribe to for display events (env HISTORY_VIEW_SUBJECT; default
+    /// agent.*.*.*.*.*.display_event.*.*).
+    #[arg(long, env = "HISTORY_VIEW_SUBJECT", default_value = DEFAULT_SUBJECT, value_parser = parse_subject)]
+    pub subject: String,
+
+    /// MongoDB connection string; may hold credentials and is never logged (env HISTORY_VIEW_MONGODB_URI; default
+    /// mongodb://127.0.0.1:27017).
+    #[arg(long, env = "HISTORY_VIEW_MONGODB_URI", default_value = "mongodb://127.0.0.1:27017", value_parser = parse_mongodb_uri, hide_default_value = false)]
+    pub mongodb_uri: Secret,
+
+    /// Database holding aihub's event collection (env HISTORY_VIEW_MONGODB_DATABASE; default aihub).
+    #[arg(long, env = "HISTORY_VIEW_MONGODB_DATABASE", default_value = "aihub", value_parser = parse_name)]
+    pub mongodb_database: String,
+
+    /// Collection of persisted agent events (env HISTORY_VIEW_MONGODB_COLLECTION; default agent_events).
+    #[arg(long, env = "HISTORY_VIEW_MONGODB_COLLECTION", default_value = "agent_events", value_parser = parse_name)]
+    pub mongodb_collection: String,
+
+    /// Index both store stages name as a hint; empty disables the hint (env HISTORY_VIEW_MONGODB_INDEX_HINT;
+    /// default thread_id_1_event_type_1_event_parents_1). A missing index slows reads down, it does not break them.
+    #[arg(long, env = "HISTORY_VIEW_MONGODB_INDEX_HINT", default_value = DEFAULT_INDEX_HINT)]
+    pub mongodb_index_hint: String,
+
+    /// Address the HTTP API listens on; port 0 picks a free port (env HISTORY_VIEW_LISTEN; default 0.0.0.0:8080).
+    #[arg(long, env = "HISTORY_VIEW_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+
+    /// Byte budget of the view cache, a plain number or with a KiB/MiB/GiB (or KB/MB/GB) suffix
+    /// (env HISTORY_VIEW_CACHE_MAX_BYTES; default 256MiB).
+    #[arg(long, env = "HISTORY_VIEW_CACHE_MAX_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
+    pub cache_max_bytes: u64,
+
+    /// Seconds a thread view may go unused before it is dropped (env HISTORY_VIEW_CACHE_IDLE_SECS; default 3600).
+    #[arg(long, env = "HISTORY_VIEW_CACHE_IDLE_SECS", default_value = "3600", value_parser = parse_secs)]
+    pub cache_idle_secs: Duration,
+
+    /// Milliseconds a read may wait for the store before it answers 503 (env HISTORY_VIEW_STORE_TIMEOUT_MS;
+    /// default 2000).
+    #[arg(long, env = "HISTORY_VIEW_STORE_TIMEOUT_MS", default_value = "2000", value_parser = parse_millis)]
+    pub store_timeout_ms: Duration,
+
+    /// Seconds allowed for draining in-flight requests on shutdown (env HISTORY_VIEW_SHUTDOWN_DRAIN_SECS; default 5).
+    #[arg(long, env = "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS", default_value = "5", value_parser = parse_secs)]
+    pub shutdown_drain_secs: Duration,
+
+    /// Bearer token required on /v1/* when set; never logged (env HISTORY_VIEW_API_TOKEN; default: none).
+    #[arg(long, env = "HISTORY_VIEW_API_TOKEN", value_parser = parse_token)]
+    pub api_token: Option<Secret>,
+
+    /// Log format: json, text, or auto (text on a terminal, json otherwise) (env HISTORY_VIEW_LOG_FORMAT;
+    /// default auto). Filtering follows RUST_LOG (default info).
+    #[arg(
+        long,
+        env = "HISTORY_VIEW_LOG_FORMAT",
+        default_value = "auto",
+        value_enum
+    )]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Text,
+    Auto,
+}
+
+/// A setting that must not appear in logs or `Debug` output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
+
+impl Config {
+    /// The configured index hint, or `None` when disabled.
+    pub fn index_hint(&self) -> Option<&str> {
+        Some(self.mongodb_index_hint.trim()).filter(|h| !h.is_empty())
+    }
+}
+
+fn parse_nats_url(value: &str) -> Result<String, String> {
+    value
+        .parse::<async_nats::ServerAddr>()
+        .map(|_| value.to_owned())
+        .map_err(|e| format!("not a NATS server address: {e}"))
+}
+
+fn parse_subject(value: &str) -> Result<String, String> {
+    let tokens: Vec<&str> = value.split('.').collect();
+    if value.is_empty()
+        || tokens
+            .iter()
+            .any(|t| t.is_empty() || t.contains(char::is_whitespace))
+    {
+        return Err(
+            "must be a NATS subject: dot-separated, non-empty tokens without whitespace".into(),
+        );
+    }
+    if tokens[0] != "agent" && tokens[0] != "*" {
+        return Err("must match aihub agent subjects (agent.…)".into());
+    }
+    Ok(value.to_owned())
+}
+
+fn parse_mongodb_uri(value: &str) -> Result<Secret, String> {
+    if value.starts_with("mongodb://") || value.starts_with("mongodb+srv://") {
+        Ok(Secret::new(value))
+    } else {
+        Err("must start with mongodb:// or mongodb+srv://".into())
+    }
+}
+
+fn parse_name(value: &str) -> Result<String, String> {
+    if value.is_empty() || value.contains(['/', '\\', '.', ' ', '"', '$', '\0']) {
+        Err("must be a non-empty name without / \\ . space \" $".into())
+    } else {
+        Ok(value.to_owned())
+    }
+}
+
+fn parse_token(value: &str) -> Result<Secret, String> {
+    if value.trim().is_empty() {
+        Err("must not be empty when set (unset it to disable authentication)".into())
+    } else {
+        Ok(Secret::new(value))
+    }
+}
+
+fn parse_positive(value: &str) -> Result<u64, String> {
+    match value.trim().parse::<u64>() {
+        Ok(0) => Err("must be greater than 0".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("must be a whole number: {e}")),
+    }
+}
+
+fn parse_secs(value: &str) -> Result<Duration, String> {
+    parse_positive(value).map(Duration::from_secs)
+}
+
+fn parse_millis(value: &str) -> Result<Duration, String> {
+    parse_positive(value).map(Duration::from_millis)
+}
+
+/// A byte size: digits with an optional binary (KiB, MiB, GiB) or decimal (KB, MB, GB) suffix.
+pub fn parse_bytes(value: &str) -> Result<u64, String> {
+    let value = value.trim();
+    let split = value
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(value.len());
+    let (digits, unit) = value.split_at(split);
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" | "ki" => 1 << 10,
+        "mib" | "mi" => 1 << 20,
+        "gib" | "gi" => 1 << 30,
+        "kb" | "k" => 1_000,
+        "mb" | "m" => 1_000_000,
+        "gb" | "g" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` (use KiB, MiB, GiB, KB, MB or GB)"
+            ));
+        }
+    };
+    let number = parse_positive(digits)?;
+    number
+        .checked_mul(multiplier)
+        .ok_or_else(|| "is too large".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(std::iter::once("chat-history-view").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.subject, DEFAULT_SUBJECT);
+        assert_eq!(config.mongodb_collection, "agent_events");
+        assert_eq!(config.index_hint(), Some(DEFAULT_INDEX_HINT));
+        assert_eq!(config.cache_max_bytes, DEFAULT_CACHE_MAX_BYTES);
+        assert_eq!(config.store_timeout_ms, Duration::from_millis(2000));
+        assert_eq!(config.shutdown_drain_secs, Duration::from_secs(5));
+        assert_eq!(config.listen.port(), 8080);
+        assert!(config.api_token.is_none());
+    }
+
+    #[test]
+    fn bad_values_fail_naming_the_setting() {
+        for (args, setting) in [
+            (&["--cache-max-bytes", "lots"][..], "--cache-max-bytes"),
+            (&["--store-timeout-ms", "0"][..], "--store-timeout-ms"),
+            (&["--listen", "nowhere"][..], "--listen"),
+            (&["--mongodb-uri", "postgres://x"][..], "--mongodb-uri"),
+            (&["--nats-url", "nats://a b"][..], "--nats-url"),
+            (&["--log-format", "xml"][..], "--log-format"),
+            (&["--subject", "agent..x"][..], "--subject"),
+        ] {
+            let message = parse(args).unwrap_err().to_string();
+            assert!(message.contains(setting), "{message}");
+        }
+    }
+
+    #[test]
+    fn byte_sizes_accept_units() {
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("2 GB"), Ok(2_000_000_000));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn secrets_are_redacted_in_debug_output() {
+        let config =
+            parse(&["--api-token", "s3cret", "--mongodb-uri", "mongodb://u:pw@h"]).unwrap();
+        let debug = format!("{config:?}");
+        assert!(
+            !debug.contains("s3cret") && !debug.contains("pw@h"),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn an_empty_index_hint_disables_it() {
+        assert_eq!(
+            parse(&["--mongodb-index-hint", ""]).unwrap().index_hint(),
+            None
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! `Readiness`: whether the worker can serve correct reads now: its NATS subscription is live and the store
+//! answered a ping recently. The ingest loop reports the subscription; a background task pings the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::store::Store;
+
+/// How often the store is pinged.
+pub const STORE_PING_INTERVAL: Duration = Duration::from_secs(1);
+/// A successful ping older than this no longer counts: three missed pings make the worker unready.
+pub const STORE_PING_FRESHNESS: Duration = Duration::from_secs(3);
+
+/// Shared readiness state. Cloning is cheap.
+#[derive(Clone)]
+pub struct Readiness {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    started: Instant,
+    /// The NATS connection is up.
+    connected: AtomicBool,
+    /// The display-event subscription exists and its stream has not ended.
+    subscribed: AtomicBool,
+    /// Milliseconds since `started` of the last successful store ping, plus one (0: never).
+    store_ok_at_ms: AtomicU64,
+}
+
+/// One dependency's state, for the `/readyz` body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub ok: bool,
+    pub detail: &'static str,
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Readiness {
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                started: Instant::now(),
+                connected: AtomicBool::new(false),
+                subscribed: AtomicBool::new(false),
+                store_ok_at_ms: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Records whether the NATS connection is up.
+    pub fn set_connected(&self, connected: bool) {
+        self.inner.connected.store(connected, Ordering::Release);
+    }
+
+    /// Records whether the display-event subscription exists.
+    pub fn set_subscribed(&self, subscribed: bool) {
+        self.inner.subscribed.store(subscribed, Ordering::Release);
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.inner.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Records a successful store ping.
+    pub fn store_answered(&self) {
+        self.inner
+            .store_ok_at_ms
+            .store(self.now_ms() + 1, Ordering::Release);
+    }
+
+    pub fn nats(&self) -> Check {
+        if !self.inner.subscribed.load(Ordering::Acquire) {
+            Check {
+                ok: false,
+                detail: "not subscribed to display events",
+            }
+        } else if !self.inner.connected.load(Ordering::Acquire) {
+            Check {
+                ok: false,
+                detail: "not connected to NATS",
+            }
+        } else {
+            Check {
+                ok: true,
+                detail: "subscribed",
+            }
+        }
+    }
+
+    pub fn store(&self) -> Check {
+        let last = self.inner.store_ok_at_ms.load(Ordering::Acquire);
+        if last == 0 {
+            return Check {
+                ok: false,
+                detail: "store has not answered a ping yet",
+            };
+        }
+        let age = Duration::from_millis(self.now_ms().saturating_sub(last - 1));
+        if age <= STORE_PING_FRESHNESS {
+            Check {
+                ok: true,
+                detail: "store answered a ping recently",
+            }
+        } else {
+            Check {
+                ok: false,
+                detail: "store has not answered a ping recently",
+            }
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.nats().ok && self.store().ok
+    }
+
+    /// Pings the store every [`STORE_PING_INTERVAL`] until `stop` is cancelled.
+    pub async fn ping_store_until(self, store: Store, stop: CancellationToken) {
+        let mut was_ok = None;
+        loop {
+            let result = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                result = store.ping() => result,
+            };
+            let ok = result.is_ok();
+            if ok {
+                self.store_answered();
+            }
+            if was_ok != Some(ok) {
+                match &result {
+                    Ok(()) => tracing::info!("store answers pings"),
+                    Err(error) => {
+                        tracing::warn!(error = %error, cause = ?std::error::Error::source(error).map(ToString::to_string), "store does not answer pings")
+                    }
+                }
+                was_ok = Some(ok);
+            }
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(STORE_PING_INTERVAL) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! `ApiError`: every failure a caller can see, mapped in one place to a status and a JSON body
+//! `{"error": {"code", "message"}}`. Internal detail goes to the log, never into the body.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("thread_id {0}")]
+    InvalidThreadId(&'static str),
+    #[error("agent_class and agent_id must be given together, both non-empty")]
+    IncompleteIdentity,
+    #[error("invalid query: {0}")]
+    InvalidQuery(String),
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    #[error("the event store is unavailable; try again")]
+    StoreUnavailable(#[source] StoreError),
+    #[error("no such resource")]
+    NotFound,
+}
+
+impl ApiError {
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::InvalidThreadId(_) => (StatusCode::BAD_REQUEST, "invalid_thread_id"),
+            ApiError::IncompleteIdentity => (StatusCode::BAD_REQUEST, "incomplete_identity"),
+            ApiError::InvalidQuery(_) => (StatusCode::BAD_REQUEST, "invalid_query"),
+            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+            ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+        }
+    }
+}
+
+/// Renders an error chain on one line for the log.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        if let ApiError::StoreUnavailable(error) = &self {
+            tracing::warn!(error = %chain(error), "history read failed: store unavailable");
+        }
+        let body = Json(json!({"error": {"code": code, "message": self.to_string()}}));
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        match self {
+            ApiError::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ApiError::StoreUnavailable(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        response
+    }
+}

@@ -1,0 +1,46 @@
+//! Operations endpoints: liveness, readiness, Prometheus metrics and the OpenAPI document.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use serde_json::json;
+
+use super::AppState;
+
+pub async fn healthz() -> impl IntoResponse {
+    Json(json!({"status": "ok"}))
+}
+
+pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    let (nats, store) = (state.readiness.nats(), state.readiness.store());
+    let ready = nats.ok && store.ok;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "ready": ready,
+        "checks": {
+            "nats": {"ok": nats.ok, "detail": nats.detail},
+            "store": {"ok": store.ok, "detail": store.detail},
+        }
+    });
+    (status, Json(body))
+}
+
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    state.views.report_size().await;
+    (
+        [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+        state.metrics.render(),
+    )
+}
+
+pub async fn openapi(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        state.openapi.clone(),
+    )
+}

@@ -1,0 +1,191 @@
+//! `GET /v1/threads/{thread_id}/history`: parse the thread id and the query once, read through the view cache,
+//! answer with the body, its ETag and its source (or 304 when the caller already has it).
+
+use std::time::Instant;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use md5::{Digest, Md5};
+use serde::Deserialize;
+
+use super::{ApiError, AppState};
+use crate::cache::Answer;
+use crate::project::Identity;
+
+/// Longest accepted thread id, in bytes.
+pub const MAX_THREAD_ID_BYTES: usize = 256;
+
+/// A thread id that can be a NATS subject token: non-empty, at most 256 bytes, no `.`, `*`, `>` or whitespace.
+/// It is otherwise opaque and goes into store queries only as a string value, never as query syntax.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadId(String);
+
+impl ThreadId {
+    /// # Errors
+    /// [`ApiError::InvalidThreadId`] saying which rule the id breaks.
+    pub fn parse(id: String) -> Result<Self, ApiError> {
+        if id.is_empty() {
+            return Err(ApiError::InvalidThreadId("must not be empty"));
+        }
+        if id.len() > MAX_THREAD_ID_BYTES {
+            return Err(ApiError::InvalidThreadId("must be at most 256 bytes"));
+        }
+        if id.contains(['.', '*', '>']) || id.contains(char::is_whitespace) {
+            return Err(ApiError::InvalidThreadId(
+                "must not contain '.', '*', '>' or whitespace",
+            ));
+        }
+        Ok(Self(id))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// aihub's `str_to_object_id` (contract 8.3) for a non-empty id: a 24-hex id in any case becomes lowercase,
+/// anything else the hex of the first 12 bytes of its UTF-8 MD5 digest.
+pub fn canonical_object_id(id: &str) -> String {
+    if id.len() == 24 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return id.to_ascii_lowercase();
+    }
+    let digest = Md5::digest(id.as_bytes());
+    digest[..12].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HistoryQuery {
+    agent_class: Option<String>,
+    agent_id: Option<String>,
+    #[serde(default)]
+    canonicalize: bool,
+}
+
+impl HistoryQuery {
+    /// The primary identity: both parts or neither.
+    fn identity(self) -> Result<Option<Identity>, ApiError> {
+        match (self.agent_class, self.agent_id) {
+            (None, None) => Ok(None),
+            (Some(agent_class), Some(agent_id))
+                if !agent_class.is_empty() && !agent_id.is_empty() =>
+            {
+                Ok(Some(Identity {
+                    agent_class,
+                    agent_id,
+                }))
+            }
+            _ => Err(ApiError::IncompleteIdentity),
+        }
+    }
+}
+
+pub async fn get_history(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let Path(raw_id) = path.map_err(|_| ApiError::InvalidThreadId("is not valid UTF-8"))?;
+    let Query(query) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
+    let mut thread_id = ThreadId::parse(raw_id)?;
+    if query.canonicalize {
+        thread_id = ThreadId::parse(canonical_object_id(thread_id.as_str()))?;
+    }
+    let primary = query.identity()?;
+    let answer = state
+        .views
+        .read(thread_id.as_str(), primary.as_ref())
+        .await
+        .map_err(ApiError::StoreUnavailable)?;
+    state.metrics.read(answer.source, started.elapsed());
+    Ok(respond(answer, &headers))
+}
+
+/// Whether an `If-None-Match` header matches the ETag (weak comparison, `*` matches anything).
+fn matches_etag(headers: &HeaderMap, etag: &str) -> bool {
+    headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|tag| tag.trim().trim_start_matches("W/"))
+        .any(|tag| tag == "*" || tag == etag)
+}
+
+fn respond(answer: Answer, request_headers: &HeaderMap) -> Response {
+    let not_modified = matches_etag(request_headers, &answer.etag);
+    let mut response = if not_modified {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            answer.body,
+        )
+            .into_response()
+    };
+    let headers = response.headers_mut();
+    if let Ok(etag) = HeaderValue::from_str(&answer.etag) {
+        headers.insert(header::ETAG, etag);
+    }
+    headers.insert(
+        "x-history-source",
+        HeaderValue::from_static(answer.source.label()),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_ids_that_cannot_be_subject_tokens_are_rejected() {
+        for bad in ["", "a.b", "a*", "a>b", "a b", "a\tb", &"x".repeat(257)] {
+            assert!(ThreadId::parse(bad.to_owned()).is_err(), "{bad:?}");
+        }
+        for good in [
+            "66f10000000000000000aaaa",
+            "$gt",
+            "{\"$ne\":1}",
+            &"x".repeat(256),
+        ] {
+            assert!(ThreadId::parse(good.to_owned()).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn canonical_ids_agree_with_the_shared_table() {
+        let table: Vec<serde_json::Value> =
+            serde_json::from_str(include_str!("../../tests/conformance/canonical-ids.json"))
+                .unwrap();
+        assert!(!table.is_empty());
+        for row in table {
+            let input = row["input"].as_str().unwrap();
+            assert_eq!(
+                canonical_object_id(input),
+                row["canonical"].as_str().unwrap(),
+                "{input}"
+            );
+        }
+    }
+
+    #[test]
+    fn if_none_match_accepts_lists_weak_tags_and_star() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::IF_NONE_MATCH,
+            HeaderValue::from_static("\"a\", W/\"b\""),
+        );
+        assert!(matches_etag(&headers, "\"b\""));
+        assert!(!matches_etag(&headers, "\"c\""));
+        headers.insert(header::IF_NONE_MATCH, HeaderValue::from_static("*"));
+        assert!(matches_etag(&headers, "\"c\""));
+    }
+}

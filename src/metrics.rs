@@ -1,0 +1,296 @@
+//! `Metrics`: the service's Prometheus metrics on its own registry (never the global one), with typed handles.
+//! Label values come from closed sets (the enums below), never from ids.
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// What became of one message received from NATS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventOutcome {
+    /// Decoded and added to its thread's view.
+    Relevant,
+    /// Outside the projectable families (or not a display event): dropped after reading its parents.
+    Irrelevant,
+    /// Its delivery key was already held.
+    Duplicate,
+    /// The payload could not be read at all.
+    Malformed,
+    /// The subject is not a 9-token display-event subject.
+    BadSubject,
+}
+
+impl EventOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            EventOutcome::Relevant => "relevant",
+            EventOutcome::Irrelevant => "irrelevant",
+            EventOutcome::Duplicate => "duplicate",
+            EventOutcome::Malformed => "malformed",
+            EventOutcome::BadSubject => "bad_subject",
+        }
+    }
+}
+
+/// The two store stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Stage 1: displays with a `UserAgent` marker.
+    Markers,
+    /// Stage 2: the projectable events on those displays.
+    Events,
+}
+
+impl Stage {
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::Markers => "markers",
+            Stage::Events => "events",
+        }
+    }
+}
+
+/// Where a read's answer came from; also the `X-History-Source` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Cache,
+    Store,
+}
+
+impl Source {
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::Cache => "cache",
+            Source::Store => "store",
+        }
+    }
+}
+
+/// Handles to every metric; cloning is cheap (each handle is an `Arc`).
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    events: IntCounterVec,
+    cache_hits: IntCounter,
+    cache_misses: IntCounter,
+    hydrations: IntCounterVec,
+    views_downgraded: IntCounter,
+    cache_entries: IntGauge,
+    cache_weighted_bytes: IntGauge,
+    store_query_seconds: HistogramVec,
+    read_seconds: HistogramVec,
+    ingest_lag_seconds: prometheus::Histogram,
+    nats_connection_events: IntCounterVec,
+    index_hint_fallbacks: IntCounter,
+    malformed_warnings: IntCounter,
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+const LAG_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
+
+impl Metrics {
+    /// Creates the metrics on a fresh registry.
+    ///
+    /// # Panics
+    /// Only if a metric definition below is invalid (a programming error caught by every test run).
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        fn reg<T: prometheus::core::Collector + Clone + 'static>(
+            registry: &Registry,
+            metric: T,
+        ) -> T {
+            registry
+                .register(Box::new(metric.clone()))
+                .expect("metric names are unique and valid");
+            metric
+        }
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        let histogram_vec = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
+            HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                labels,
+            )
+            .expect("valid metric")
+        };
+        Self {
+            events: reg(
+                &registry,
+                counter_vec(
+                    "history_view_events_total",
+                    "NATS messages received, by outcome",
+                    &["outcome"],
+                ),
+            ),
+            cache_hits: reg(
+                &registry,
+                counter(
+                    "history_view_cache_hits_total",
+                    "Reads answered from a complete view",
+                ),
+            ),
+            cache_misses: reg(
+                &registry,
+                counter(
+                    "history_view_cache_misses_total",
+                    "Reads that found no complete view",
+                ),
+            ),
+            hydrations: reg(
+                &registry,
+                counter_vec(
+                    "history_view_hydrations_total",
+                    "Views loaded from the store, by result",
+                    &["result"],
+                ),
+            ),
+            views_downgraded: reg(
+                &registry,
+                counter(
+                    "history_view_views_downgraded_total",
+                    "Complete views marked partial after a possible gap",
+                ),
+            ),
+            cache_entries: reg(
+                &registry,
+                IntGauge::new("history_view_cache_entries", "Thread views held")
+                    .expect("valid metric"),
+            ),
+            cache_weighted_bytes: reg(
+                &registry,
+                IntGauge::new(
+                    "history_view_cache_weighted_bytes",
+                    "Weighted size of the views held, in bytes",
+                )
+                .expect("valid metric"),
+            ),
+            store_query_seconds: reg(
+                &registry,
+                histogram_vec(
+                    "history_view_store_query_duration_seconds",
+                    "Store query duration, by stage",
+                    &["stage"],
+                    LATENCY_BUCKETS,
+                ),
+            ),
+            read_seconds: reg(
+                &registry,
+                histogram_vec(
+                    "history_view_read_duration_seconds",
+                    "History read duration, by source",
+                    &["source"],
+                    LATENCY_BUCKETS,
+                ),
+            ),
+            ingest_lag_seconds: reg(
+                &registry,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "history_view_ingest_lag_seconds",
+                        "Receive time minus the event's created_at",
+                    )
+                    .buckets(LAG_BUCKETS.to_vec()),
+                )
+                .expect("valid metric"),
+            ),
+            nats_connection_events: reg(
+                &registry,
+                counter_vec(
+                    "history_view_nats_connection_events_total",
+                    "NATS connection state changes, by event",
+                    &["event"],
+                ),
+            ),
+            index_hint_fallbacks: reg(
+                &registry,
+                counter(
+                    "history_view_index_hint_fallbacks_total",
+                    "Store queries retried without the index hint because the index is missing",
+                ),
+            ),
+            malformed_warnings: reg(
+                &registry,
+                counter(
+                    "history_view_malformed_event_warnings_total",
+                    "Warnings logged about malformed visible events",
+                ),
+            ),
+            registry,
+        }
+    }
+
+    pub fn event(&self, outcome: EventOutcome) {
+        self.events.with_label_values(&[outcome.label()]).inc();
+    }
+    pub fn cache_hit(&self) {
+        self.cache_hits.inc();
+    }
+    pub fn cache_miss(&self) {
+        self.cache_misses.inc();
+    }
+    pub fn hydration(&self, ok: bool) {
+        self.hydrations
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+    }
+    pub fn views_downgraded(&self, count: u64) {
+        self.views_downgraded.inc_by(count);
+    }
+    pub fn cache_size(&self, entries: u64, weighted_bytes: u64) {
+        self.cache_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        self.cache_weighted_bytes
+            .set(i64::try_from(weighted_bytes).unwrap_or(i64::MAX));
+    }
+    pub fn store_query(&self, stage: Stage, elapsed: Duration) {
+        self.store_query_seconds
+            .with_label_values(&[stage.label()])
+            .observe(elapsed.as_secs_f64());
+    }
+    pub fn read(&self, source: Source, elapsed: Duration) {
+        self.read_seconds
+            .with_label_values(&[source.label()])
+            .observe(elapsed.as_secs_f64());
+    }
+    /// Records how long after its `created_at` (ns since the epoch) an event was received.
+    pub fn ingest_lag(&self, created_at_ns: i64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        // Test fixtures and clock skew give lags below zero or absurdly large; both are clamped rather than dropped.
+        let lag = (now.saturating_sub(created_at_ns)).max(0) as f64 / 1e9;
+        self.ingest_lag_seconds.observe(lag);
+    }
+    pub fn nats_connection_event(&self, event: &'static str) {
+        self.nats_connection_events
+            .with_label_values(&[event])
+            .inc();
+    }
+    pub fn index_hint_fallback(&self) {
+        self.index_hint_fallbacks.inc();
+    }
+    pub fn malformed_warnings(&self, count: usize) {
+        self.malformed_warnings.inc_by(count as u64);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        // Encoding into a Vec cannot fail for the text format.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

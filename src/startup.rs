@@ -1,0 +1,196 @@
+//! `Application`: connects, binds and spawns everything (`build`), then runs until a shutdown signal
+//! (`run_until_stopped`): stop intake, let in-flight reads finish, exit within the drain deadline.
+
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::body::Bytes;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::cache::Views;
+use crate::config::Config;
+use crate::health::Readiness;
+use crate::http::{AppState, router};
+use crate::ingest::{self, Ingest};
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+/// The OpenAPI description of the HTTP API, served as JSON at `/openapi.json`.
+pub const OPENAPI_YAML: &str = include_str!("../docs/openapi.yaml");
+
+/// A built, not yet running service.
+pub struct Application {
+    config: Config,
+    listener: TcpListener,
+    state: AppState,
+    store: Store,
+    nats: async_nats::Client,
+    subscriber: async_nats::Subscriber,
+    connection_events: mpsc::Receiver<async_nats::Event>,
+}
+
+/// Converts the OpenAPI YAML into the JSON served.
+///
+/// # Errors
+/// The embedded document is not valid YAML.
+pub fn openapi_json() -> anyhow::Result<Bytes> {
+    let document: serde_json::Value =
+        serde_norway::from_str(OPENAPI_YAML).context("docs/openapi.yaml is not valid YAML")?;
+    Ok(Bytes::from(serde_json::to_vec(&document)?))
+}
+
+impl Application {
+    /// Connects to NATS and subscribes, prepares the store client, binds the listener. The only place start-up can
+    /// fail. NATS is connected with retries on the first connect, so a NATS that comes up later is picked up
+    /// (readiness reports it meanwhile).
+    ///
+    /// # Errors
+    /// A setting the clients reject, or the listen address cannot be bound.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let metrics = Metrics::new();
+        let readiness = Readiness::new();
+        let store = Store::connect(
+            config.mongodb_uri.expose(),
+            &config.mongodb_database,
+            &config.mongodb_collection,
+            config.index_hint(),
+            config.store_timeout_ms,
+            metrics.clone(),
+        )
+        .await
+        .context("invalid --mongodb-uri (HISTORY_VIEW_MONGODB_URI)")?;
+        let views = Views::new(
+            store.clone(),
+            metrics.clone(),
+            config.cache_max_bytes,
+            config.cache_idle_secs,
+        );
+
+        let (events_tx, connection_events) = ingest::connection_events();
+        let nats = async_nats::ConnectOptions::new()
+            .name("chat-history-view")
+            .retry_on_initial_connect()
+            .event_callback(move |event| {
+                let events_tx = events_tx.clone();
+                async move {
+                    // Full: a downgrade is already queued. Closed: the service is stopping.
+                    let _ = events_tx.try_send(event);
+                }
+            })
+            .connect(config.nats_url.as_str())
+            .await
+            .with_context(|| {
+                format!("cannot connect to NATS at {} (--nats-url)", config.nats_url)
+            })?;
+        let subscriber = nats
+            .subscribe(config.subject.clone())
+            .await
+            .with_context(|| format!("cannot subscribe to {} (--subject)", config.subject))?;
+
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (--listen)", config.listen))?;
+        let state = AppState {
+            views,
+            metrics,
+            readiness,
+            api_token: config.api_token.clone().map(Arc::new),
+            openapi: openapi_json()?,
+        };
+        Ok(Self {
+            config,
+            listener,
+            state,
+            store,
+            nats,
+            subscriber,
+            connection_events,
+        })
+    }
+
+    /// The port the HTTP API listens on (useful with port 0).
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map_or(0, |a| a.port())
+    }
+
+    /// Runs until `shutdown` completes, then stops consuming, finishes in-flight requests and returns within the
+    /// configured drain time.
+    ///
+    /// # Errors
+    /// The HTTP server failed or the NATS subscription ended on its own.
+    pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let Application {
+            config,
+            listener,
+            state,
+            store,
+            nats,
+            subscriber,
+            connection_events,
+        } = self;
+        let address = listener
+            .local_addr()
+            .context("the listener has no local address")?;
+        let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let ingest = Ingest {
+            views: state.views.clone(),
+            metrics: state.metrics.clone(),
+            readiness: state.readiness.clone(),
+        };
+        if nats.connection_state() == async_nats::connection::State::Connected {
+            state.readiness.set_connected(true);
+        }
+        tracker.spawn(
+            ingest
+                .clone()
+                .watch_connection(connection_events, stop.clone()),
+        );
+        tracker.spawn(
+            state
+                .readiness
+                .clone()
+                .ping_store_until(store, stop.clone()),
+        );
+        let mut ingest_task = tracker.spawn(ingest.run(subscriber, stop.clone()));
+        let server = axum::serve(listener, router(state))
+            .with_graceful_shutdown(stop.clone().cancelled_owned())
+            .into_future();
+        let mut server_task = tokio::spawn(server);
+        tracing::info!(address = %address, subject = %config.subject, "chat-history-view started");
+
+        let outcome = tokio::select! {
+            () = shutdown => Ok(()),
+            result = &mut ingest_task => match result {
+                Ok(_) => Err(anyhow::anyhow!("the NATS subscription ended")),
+                Err(join) => Err(anyhow::Error::new(join).context("the ingest task failed")),
+            },
+            result = &mut server_task => match result {
+                Ok(Ok(())) => Err(anyhow::anyhow!("the HTTP server stopped")),
+                Ok(Err(io)) => Err(anyhow::Error::new(io).context("the HTTP server failed")),
+                Err(join) => Err(anyhow::Error::new(join).context("the HTTP server task failed")),
+            },
+        };
+
+        tracing::info!(drain = ?config.shutdown_drain_secs, "stopping: no new events or connections; draining");
+        stop.cancel();
+        tracker.close();
+        let drained = tokio::time::timeout(config.shutdown_drain_secs, async {
+            let _ = (&mut server_task).await;
+            tracker.wait().await;
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("drain deadline passed; exiting with work in flight");
+            server_task.abort();
+        }
+        // Flush nothing (the worker publishes nothing); just close the connection.
+        drop(nats);
+        tracing::info!("stopped");
+        outcome
+    }
+}

@@ -1,0 +1,302 @@
+//! The store path: aihub's two-stage query over the existing `agent_events` collection (contract section 4), with
+//! standard MongoDB commands only, rows decoded by the shared decoder. It reads; it never writes, creates
+//! collections or builds indexes.
+//!
+//! Stage 1 finds the client-visible displays (the distinct displays of `UserAgent` display markers); stage 2 fetches the
+//! projectable families on those displays, sorted, with a projection of only what the decoder reads. Both stages
+//! name the index with a hint (worker.md 2b); when the store says the index does not exist, they run again without
+//! it, and that is logged once per process and counted.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mongodb::bson::raw::RawBsonRef;
+use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
+use mongodb::error::{Error as MongoError, ErrorKind};
+use mongodb::options::{ClientOptions, Hint};
+use mongodb::{Client, Collection, Database};
+
+use crate::decode::{
+    DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, ROW_FIELDS, USER_AGENT, ViewEvent, decode_row,
+};
+use crate::metrics::{Metrics, Stage};
+
+/// Parents that make a `UserAgent` display event a visibility marker.
+const MARKER_PARENTS: [&str; 2] = ["UserMessageEvent", "HumanInTheLoopResponseEvent"];
+/// The five projectable families.
+const FAMILY_PARENTS: [&str; 5] = [
+    "UserMessageEvent",
+    "HumanInTheLoopResponseEvent",
+    "ChunkEvent",
+    "HumanInTheLoopRequestEvent",
+    "StopEvent",
+];
+
+/// Why a store read failed. Either way the read answers 503: never a partial history.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the store did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the store query failed")]
+    Query(#[source] MongoError),
+}
+
+/// A thread's events as the two-stage query returns them.
+#[derive(Debug, Default)]
+pub struct ThreadRows {
+    /// The displays stage 1 found visible: what stage 2 covered.
+    pub displays: Vec<String>,
+    /// Decoded relevant rows, in store order (sorted by `created_at`, `event_id`).
+    pub events: Vec<ViewEvent>,
+}
+
+/// Read access to the event collection. Cloning is cheap.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    database: Database,
+    collection: Collection<RawDocumentBuf>,
+    hint: Option<String>,
+    timeout: Duration,
+    metrics: Metrics,
+    /// Set once the missing-index warning was logged, so it is logged once per process.
+    missing_index_logged: AtomicBool,
+}
+
+impl Store {
+    /// Prepares a client; it connects lazily, so a store that is down does not stop start-up (readiness shows it).
+    ///
+    /// # Errors
+    /// The URI cannot be parsed or names options the driver rejects.
+    pub async fn connect(
+        uri: &str,
+        database: &str,
+        collection: &str,
+        hint: Option<&str>,
+        timeout: Duration,
+        metrics: Metrics,
+    ) -> Result<Self, MongoError> {
+        let mut options = ClientOptions::parse(uri).await?;
+        options
+            .app_name
+            .get_or_insert_with(|| "chat-history-view".to_owned());
+        // A store that is down must fail a read within the read timeout, not the driver's 30 s default.
+        options.server_selection_timeout = Some(timeout);
+        options.connect_timeout.get_or_insert(timeout);
+        let client = Client::with_options(options)?;
+        let database = client.database(database);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                collection: database.collection(collection),
+                database,
+                hint: hint.map(str::to_owned),
+                timeout,
+                metrics,
+                missing_index_logged: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Runs the two-stage query for `thread_id`, bounded by the configured timeout.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store fails or does not answer in time.
+    pub async fn thread_rows(&self, thread_id: &str) -> Result<ThreadRows, StoreError> {
+        let timeout = self.inner.timeout;
+        tokio::time::timeout(timeout, self.query(thread_id))
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))?
+            .map_err(StoreError::Query)
+    }
+
+    /// Answers whether the store responds to `ping` within the timeout.
+    ///
+    /// # Errors
+    /// [`StoreError`] when it does not.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let timeout = self.inner.timeout;
+        tokio::time::timeout(timeout, self.inner.database.run_command(doc! {"ping": 1}))
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))?
+            .map(|_| ())
+            .map_err(StoreError::Query)
+    }
+
+    async fn query(&self, thread_id: &str) -> Result<ThreadRows, MongoError> {
+        let started = Instant::now();
+        let markers = self
+            .with_hint_fallback(|hint| self.visible_displays(thread_id, hint))
+            .await?;
+        self.inner
+            .metrics
+            .store_query(Stage::Markers, started.elapsed());
+        if markers.is_empty() {
+            // Fail closed: legacy threads without markers reconstruct as empty history (contract 4).
+            tracing::warn!(
+                thread_id,
+                "No client-visible display marker found for thread history"
+            );
+            return Ok(ThreadRows::default());
+        }
+        let started = Instant::now();
+        let events = self
+            .with_hint_fallback(|hint| self.display_events(thread_id, &markers, hint))
+            .await?;
+        self.inner
+            .metrics
+            .store_query(Stage::Events, started.elapsed());
+        Ok(ThreadRows {
+            displays: markers
+                .iter()
+                .filter_map(|d| d.as_str().map(str::to_owned))
+                .collect(),
+            events,
+        })
+    }
+
+    /// Stage 1: the distinct `display_id`s of the thread's `UserAgent` display markers.
+    ///
+    /// Chosen: an aggregation (`$match`, then `$group` on `display_id`) rather than the `distinct` command, because
+    /// `distinct` accepts a hint only from MongoDB 7.1 while `aggregate` has accepted one since 3.6 (FerretDB 2
+    /// speaks the 7.0 wire version). Same filter, same values; displays that are missing or null are dropped, as
+    /// they cannot be a display a client sees.
+    async fn visible_displays(
+        &self,
+        thread_id: &str,
+        hint: Option<&str>,
+    ) -> Result<Vec<Bson>, MongoError> {
+        let mut action = self
+            .inner
+            .collection
+            .aggregate(markers_pipeline(thread_id))
+            .max_time(self.inner.timeout);
+        if let Some(hint) = hint {
+            action = action.hint(Hint::Name(hint.to_owned()));
+        }
+        let mut cursor = action.await?;
+        let mut displays = Vec::new();
+        while cursor.advance().await? {
+            match cursor.current().get("_id") {
+                Ok(Some(RawBsonRef::Null)) | Ok(None) | Err(_) => {}
+                Ok(Some(value)) => {
+                    displays.push(value.to_raw_bson().try_into().unwrap_or(Bson::Null))
+                }
+            }
+        }
+        displays.retain(|d| *d != Bson::Null);
+        Ok(displays)
+    }
+
+    /// Stage 2: the projectable families on the visible displays, in projection order.
+    async fn display_events(
+        &self,
+        thread_id: &str,
+        displays: &[Bson],
+        hint: Option<&str>,
+    ) -> Result<Vec<ViewEvent>, MongoError> {
+        let mut action = self
+            .inner
+            .collection
+            .find(events_filter(thread_id, displays))
+            .sort(events_sort())
+            .projection(projection())
+            .max_time(self.inner.timeout);
+        if let Some(hint) = hint {
+            action = action.hint(Hint::Name(hint.to_owned()));
+        }
+        let mut cursor = action.await?;
+        let mut events = Vec::new();
+        while cursor.advance().await? {
+            if let Decoded::Event(event) = decode_row(cursor.current()) {
+                events.push(event);
+            }
+        }
+        Ok(events)
+    }
+
+    /// Runs `run` with the configured hint; if the store rejects the hint because the index is missing, runs it
+    /// again without one.
+    async fn with_hint_fallback<'a, T, F, Fut>(&'a self, run: F) -> Result<T, MongoError>
+    where
+        F: Fn(Option<&'a str>) -> Fut,
+        Fut: Future<Output = Result<T, MongoError>>,
+    {
+        let hint = self.inner.hint.as_deref();
+        match run(hint).await {
+            Err(error) if hint.is_some() && is_missing_index(&error) => {
+                self.inner.metrics.index_hint_fallback();
+                if !self
+                    .inner
+                    .missing_index_logged
+                    .swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        index = hint.unwrap_or_default(),
+                        "The hinted index does not exist; history reads fall back to unhinted queries and will be slower"
+                    );
+                }
+                run(None).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// Stage 1's pipeline: the thread's `UserAgent` display markers, grouped by display.
+pub fn markers_pipeline(thread_id: &str) -> [Document; 2] {
+    let filter = doc! {
+        "thread_id": thread_id,
+        "event_type": DISPLAY_EVENT,
+        "agent_class": USER_AGENT,
+        "event_parents": {"$in": MARKER_PARENTS.as_slice()},
+    };
+    [
+        doc! {"$match": filter},
+        doc! {"$group": {"_id": "$display_id"}},
+    ]
+}
+
+/// Stage 2's filter: the projectable families on the visible displays, from any agent.
+pub fn events_filter(thread_id: &str, displays: &[Bson]) -> Document {
+    doc! {
+        "thread_id": thread_id,
+        "event_type": DISPLAY_EVENT,
+        "display_id": {"$in": displays},
+        "event_parents": {"$in": FAMILY_PARENTS.as_slice()},
+    }
+}
+
+/// Stage 2's order: aihub's sort; ties beyond `event_id` are settled in memory by the full delivery key.
+pub fn events_sort() -> Document {
+    doc! {"event_data.created_at": 1, "event_id": 1}
+}
+
+/// Only the fields the decoder reads.
+pub fn projection() -> Document {
+    let mut projection = doc! {"_id": 0};
+    for field in ROW_FIELDS.iter().filter(|f| **f != "event_data") {
+        projection.insert(*field, 1);
+    }
+    for field in EVENT_DATA_FIELDS {
+        projection.insert(format!("event_data.{field}"), 1);
+    }
+    projection
+}
+
+/// Whether the store rejected the hint itself: MongoDB and SecantusDB answer a hint naming no index with BadValue
+/// (code 2) "hint ... does not correspond to an existing index", other servers with IndexNotFound (27), and a server
+/// that does not know the option at all names the `hint` field. All mean: retry without the hint.
+fn is_missing_index(error: &MongoError) -> bool {
+    match error.kind.as_ref() {
+        ErrorKind::Command(command) => {
+            command.code == 27
+                || command.code_name == "IndexNotFound"
+                || command.message.to_ascii_lowercase().contains("hint")
+        }
+        _ => false,
+    }
+}

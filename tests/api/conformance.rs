@@ -1,0 +1,126 @@
+//! Every conformance case through the paths it names, end to end: `store` (rows in a fresh database, the binary
+//! as a separate process with a cold cache, read over HTTP) and `live` (rows published on a real nats-server,
+//! nothing in the store, read over HTTP once consumed).
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+
+use crate::cases::{self, Case};
+use crate::helpers::{BinaryApp, Reply, TestStore, encode, publish_rows, unique};
+use crate::servers::{MongoServer, NatsServer};
+
+/// How many cases run at once (each has its own binary process).
+const PARALLEL: usize = 4;
+
+fn query(case: &Case) -> String {
+    match &case.primary {
+        Some(p) => format!(
+            "agent_class={}&agent_id={}",
+            encode(&p.agent_class),
+            encode(&p.agent_id)
+        ),
+        None => String::new(),
+    }
+}
+
+fn check(case: &Case, path: &str, reply: &Reply) -> Option<String> {
+    if reply.status != 200 {
+        return Some(format!(
+            "{} [{path}]: status {} {}",
+            case.name, reply.status, reply.body
+        ));
+    }
+    let body = reply.json();
+    (body["messages"] != case.expected.messages || body["thread_id"] != case.thread_id.as_str())
+        .then(|| {
+            format!(
+                "{} [{path}]:\n  expected {}\n  actual   {}",
+                case.name, case.expected.messages, body["messages"]
+            )
+        })
+}
+
+async fn run_all<F, Fut>(path: &str, run: F)
+where
+    F: Fn(Case) -> Fut,
+    Fut: Future<Output = Option<String>>,
+{
+    let cases = cases::load(path);
+    let total = cases.len();
+    let failures: Vec<String> = futures_util::stream::iter(cases)
+        .map(run)
+        .buffer_unordered(PARALLEL)
+        .filter_map(|failure| async move { failure })
+        .collect()
+        .await;
+    println!("{total} {path} cases run");
+    assert!(
+        failures.is_empty(),
+        "{} of {total} {path} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_store_case_passes_end_to_end() {
+    let mongo = Arc::new(MongoServer::start());
+    let nats = Arc::new(NatsServer::start());
+    run_all("store", |case| {
+        let (mongo, nats) = (mongo.clone(), nats.clone());
+        async move {
+            let database = unique("conf");
+            let store = TestStore::connect(&mongo.uri(), &database).await;
+            store.create_aihub_indexes().await;
+            store.insert_rows(&case.rows).await;
+            let app = BinaryApp::start(&[
+                ("HISTORY_VIEW_NATS_URL", nats.url()),
+                ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+                ("HISTORY_VIEW_MONGODB_DATABASE", database),
+            ])
+            .await;
+            let reply = app.api.history(&case.thread_id, &query(&case)).await;
+            if let Some(failure) = check(&case, "store", &reply) {
+                return Some(failure);
+            }
+            (reply.header("x-history-source") != Some("store"))
+                .then(|| format!("{}: a cold read must come from the store", case.name))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_live_case_passes_end_to_end() {
+    let mongo = Arc::new(MongoServer::start());
+    run_all("live", |case| {
+        let mongo = mongo.clone();
+        async move {
+            // Each case has its own nats-server: the cases share thread ids.
+            let nats = NatsServer::start();
+            let database = unique("live");
+            let store = TestStore::connect(&mongo.uri(), &database).await;
+            store.create_aihub_indexes().await;
+            let app = BinaryApp::start(&[
+                ("HISTORY_VIEW_NATS_URL", nats.url()),
+                ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+                ("HISTORY_VIEW_MONGODB_DATABASE", database),
+            ])
+            .await;
+            app.wait_ready().await;
+            let publisher = async_nats::connect(nats.url()).await.expect("publisher");
+            publish_rows(&publisher, &case.rows).await;
+            // Only display events reach the worker's subscription.
+            let expected = case
+                .rows
+                .iter()
+                .filter(|r| r["event_type"] == "display_event")
+                .count();
+            app.api.wait_for_events(expected as u64).await;
+            let reply = app.api.history(&case.thread_id, &query(&case)).await;
+            check(&case, "live", &reply)
+        }
+    })
+    .await;
+}

@@ -1,0 +1,493 @@
+//! Test applications: `spawn_app()` builds the real `Application` in-process on port 0 against its own NATS and
+//! Mongo-wire servers and its own database; `BinaryApp` runs the compiled binary as a separate process. Both come
+//! with typed helpers for the store, NATS and HTTP.
+
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use chat_history_view::config::{Config, LogFormat};
+use chat_history_view::startup::Application;
+use clap::Parser;
+use mongodb::IndexModel;
+use mongodb::bson::{Document, doc};
+use mongodb::options::IndexOptions;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::servers::{MongoServer, NatsServer};
+use crate::threads;
+
+/// aihub's index set on `agent_events` (contract section 3), by name.
+pub const AIHUB_INDEXES: [(&str, &[&str]); 10] = [
+    ("thread_id_1_event_type_1", &["thread_id", "event_type"]),
+    ("agent_id_1_event_type_1", &["agent_id", "event_type"]),
+    (
+        "thread_id_1_event_parents_1",
+        &["thread_id", "event_parents"],
+    ),
+    ("run_id_1", &["run_id"]),
+    ("event_data.created_at_1", &["event_data.created_at"]),
+    ("display_id_1", &["display_id"]),
+    (
+        "thread_id_1_event_type_1_event_parents_1",
+        &["thread_id", "event_type", "event_parents"],
+    ),
+    (
+        "thread_id_1_event_data.created_at_1",
+        &["thread_id", "event_data.created_at"],
+    ),
+    (
+        "event_parents_1_event_data.created_at_1",
+        &["event_parents", "event_data.created_at"],
+    ),
+    (
+        "event_parents_1_event_data.tenant_id_1_event_data.created_at_1",
+        &[
+            "event_parents",
+            "event_data.tenant_id",
+            "event_data.created_at",
+        ],
+    ),
+];
+
+static TELEMETRY: Once = Once::new();
+
+/// Logs go nowhere unless `TEST_LOG` is set.
+fn init_telemetry() {
+    TELEMETRY.call_once(|| {
+        if std::env::var_os("TEST_LOG").is_some() {
+            chat_history_view::telemetry::init(LogFormat::Text, std::io::stderr);
+        } else {
+            chat_history_view::telemetry::init(LogFormat::Text, std::io::sink);
+        }
+    });
+}
+
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}{}x{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The configuration a test app starts from: its own servers, its own database, port 0.
+pub fn base_config(nats_url: &str, mongodb_uri: &str, database: &str) -> Config {
+    Config::try_parse_from([
+        "chat-history-view",
+        "--nats-url",
+        nats_url,
+        "--mongodb-uri",
+        mongodb_uri,
+        "--mongodb-database",
+        database,
+        "--listen",
+        "127.0.0.1:0",
+        "--log-format",
+        "text",
+    ])
+    .expect("test configuration parses")
+}
+
+/// The store side of a test: a database on a Mongo-wire server, with helpers.
+pub struct TestStore {
+    pub db: mongodb::Database,
+}
+
+impl TestStore {
+    pub async fn connect(uri: &str, database: &str) -> Self {
+        let client = mongodb::Client::with_uri_str(uri)
+            .await
+            .expect("mongo client");
+        Self {
+            db: client.database(database),
+        }
+    }
+
+    pub fn events(&self) -> mongodb::Collection<Document> {
+        self.db.collection("agent_events")
+    }
+
+    /// Creates aihub's index set (the worker never does).
+    pub async fn create_aihub_indexes(&self) {
+        let models = AIHUB_INDEXES.iter().map(|(name, fields)| {
+            let mut keys = Document::new();
+            for field in *fields {
+                keys.insert(*field, 1);
+            }
+            IndexModel::builder()
+                .keys(keys)
+                .options(IndexOptions::builder().name(name.to_string()).build())
+                .build()
+        });
+        self.events()
+            .create_indexes(models)
+            .await
+            .expect("create aihub indexes");
+    }
+
+    /// Inserts rows in the persisted shape, in order.
+    pub async fn insert_rows(&self, rows: &[Value]) {
+        if rows.is_empty() {
+            return;
+        }
+        let docs: Vec<Document> = rows
+            .iter()
+            .map(|row| mongodb::bson::to_document(row).expect("row converts to BSON"))
+            .collect();
+        self.events().insert_many(docs).await.expect("insert rows");
+    }
+}
+
+/// Publishes rows on NATS as aihub does: the row's 9-token subject, `event_data` as the JSON payload.
+pub async fn publish_rows(client: &async_nats::Client, rows: &[Value]) {
+    for row in rows {
+        let payload = serde_json::to_vec(&row["event_data"]).expect("payload");
+        client
+            .publish(threads::subject(row), payload.into())
+            .await
+            .expect("publish");
+    }
+    client.flush().await.expect("flush");
+}
+
+/// A parsed HTTP response.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// HTTP helpers shared by both kinds of app.
+#[derive(Clone)]
+pub struct Api {
+    pub address: String,
+    pub http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(address: String) -> Self {
+        Self {
+            address,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = self.http.get(format!("{}{path}", self.address));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        Reply {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.text().await.expect("body"),
+        }
+    }
+
+    /// `GET /v1/threads/{thread}/history` with the given query string (without `?`).
+    pub async fn history(&self, thread: &str, query: &str) -> Reply {
+        let path = format!("/v1/threads/{}/history?{query}", encode(thread));
+        self.get(&path, &[]).await
+    }
+
+    /// Waits until `/readyz` answers 200 (`ready`) or 503 (not `ready`).
+    pub async fn wait_readiness(&self, ready: bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let reply = self.get("/readyz", &[]).await;
+            if (reply.status == 200) == ready {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "readiness did not become {ready}: {}",
+                reply.body
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.get("/metrics", &[]).await.body
+    }
+
+    /// Waits until the worker has received at least `count` NATS messages (any outcome).
+    pub async fn wait_for_events(&self, count: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let received = metric_sum(&self.metrics().await, "history_view_events_total");
+            if received >= count as f64 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker received {received} of {count} events"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Percent-encodes a path segment.
+pub fn encode(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Sum of every sample of a metric family (all label sets).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The value of one sample, e.g. `metric(text, "history_view_events_total{outcome=\"relevant\"}")`; 0 if absent.
+pub fn metric(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(sample)
+                .and_then(|rest| rest.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// The real application, in-process, with its own servers and database.
+pub struct TestApp {
+    pub api: Api,
+    pub nats: NatsServer,
+    pub mongo: MongoServer,
+    pub store: TestStore,
+    pub publisher: async_nats::Client,
+    stop: Option<oneshot::Sender<()>>,
+    pub task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
+    init_telemetry();
+    let nats = NatsServer::start();
+    let mongo = MongoServer::start();
+    let database = unique("chv");
+    let mut config = base_config(&nats.url(), &mongo.uri(), &database);
+    tweak(&mut config);
+    let store = TestStore::connect(&mongo.uri(), &database).await;
+    store.create_aihub_indexes().await;
+    let application = Application::build(config)
+        .await
+        .expect("application builds");
+    let api = Api::new(format!("http://127.0.0.1:{}", application.port()));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(application.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    let publisher = async_nats::connect(nats.url())
+        .await
+        .expect("publisher connects");
+    let app = TestApp {
+        api,
+        nats,
+        mongo,
+        store,
+        publisher,
+        stop: Some(stop),
+        task: Some(task),
+    };
+    app.wait_ready().await;
+    app
+}
+
+impl TestApp {
+    /// Waits until `/readyz` says ready.
+    pub async fn wait_ready(&self) {
+        self.api.wait_readiness(true).await;
+    }
+
+    /// Asks the application to stop and waits up to `limit` for `run_until_stopped` to return.
+    pub async fn stop_within(&mut self, limit: Duration) -> anyhow::Result<()> {
+        self.signal_stop();
+        let task = self.task.take().expect("the application runs");
+        tokio::time::timeout(limit, task)
+            .await
+            .map_err(|_| anyhow::anyhow!("the application did not stop within {limit:?}"))?
+            .map_err(anyhow::Error::new)?
+    }
+
+    /// Asks the application to stop, as a signal would.
+    pub fn signal_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// The compiled binary as a separate process, configured through the environment.
+pub struct BinaryApp {
+    pub api: Api,
+    child: std::process::Child,
+}
+
+impl BinaryApp {
+    /// Starts `chat-history-view` with `env` and waits until it logs its address and answers `/healthz`.
+    pub async fn start(env: &[(&str, String)]) -> Self {
+        use std::io::BufRead;
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_chat-history-view"));
+        command
+            .env("HISTORY_VIEW_LISTEN", "127.0.0.1:0")
+            .env("HISTORY_VIEW_LOG_FORMAT", "json")
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("start the binary");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if !sent
+                    && let Ok(entry) = serde_json::from_str::<Value>(&line)
+                    && let Some(address) = entry["address"].as_str()
+                {
+                    let _ = tx.send(address.to_owned());
+                    sent = true;
+                }
+                if std::env::var_os("TEST_LOG").is_some() {
+                    eprintln!("[binary] {line}");
+                }
+            }
+        });
+        let address = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(30)))
+            .await
+            .expect("join")
+            .expect("the binary logs its address");
+        let app = Self {
+            api: Api::new(format!("http://{address}")),
+            child,
+        };
+        let reply = app.api.get("/healthz", &[]).await;
+        assert_eq!(reply.status, 200);
+        app
+    }
+}
+
+impl BinaryApp {
+    /// Waits until `/readyz` says ready (subscribed to NATS, store answering).
+    pub async fn wait_ready(&self) {
+        self.api.wait_readiness(true).await;
+    }
+}
+
+impl BinaryApp {
+    /// Sends SIGTERM, as Kubernetes does.
+    pub fn terminate(&self) {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
+    }
+}
+
+impl Drop for BinaryApp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.signal_stop();
+    }
+}
+
+#[allow(dead_code)]
+pub fn document(value: Value) -> Document {
+    mongodb::bson::to_document(&value).unwrap_or_else(|_| doc! {})
+}
+
+/// A `UserAgent` user message row (a visibility marker) with one text block.
+pub fn user_row(thread: &str, display: &str, event_id: &str, created_at: i64, text: &str) -> Value {
+    serde_json::json!({
+        "agent_class": "UserAgent", "agent_id": "user-1", "thread_id": thread, "display_id": display,
+        "run_id": "run-1", "event_id": event_id, "event_type": "display_event", "event_name": "UserMessageEvent",
+        "event_parents": ["UserMessageEvent", "StartEvent", "ControlAndDisplayEvent", "DisplayEvent", "ControlEvent"],
+        "event_data": {"event_id": event_id, "created_at": created_at, "_event_name": "UserMessageEvent",
+            "_parent_event_names": ["UserMessageEvent", "StartEvent", "ControlAndDisplayEvent", "DisplayEvent", "ControlEvent"],
+            "messages": [{"role": "user", "additional_kwargs": {}, "blocks": [{"block_type": "text", "text": text}]}]}
+    })
+}
+
+/// A chunk row from `agent` on `display`.
+pub fn chunk_row(
+    thread: &str,
+    display: &str,
+    agent: &str,
+    event_id: &str,
+    created_at: i64,
+    text: &str,
+) -> Value {
+    serde_json::json!({
+        "agent_class": agent, "agent_id": "a1", "thread_id": thread, "display_id": display,
+        "run_id": "run-1", "event_id": event_id, "event_type": "display_event", "event_name": "ChunkEvent",
+        "event_parents": ["ChunkEvent", "DisplayEvent"],
+        "event_data": {"event_id": event_id, "created_at": created_at, "_event_name": "ChunkEvent",
+            "_parent_event_names": ["ChunkEvent", "DisplayEvent"], "content": text, "model_name": "m"}
+    })
+}
+
+/// The history JSON of alternating user/assistant text turns.
+pub fn turns(turns: &[(&str, &str)]) -> Value {
+    Value::Array(
+        turns
+            .iter()
+            .map(|(role, text)| serde_json::json!({"role": role, "content": [{"type": "text", "text": text}]}))
+            .collect(),
+    )
+}

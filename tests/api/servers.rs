@@ -1,0 +1,291 @@
+//! Real servers as child processes behind guards: `NatsServer` (nats-server with JetStream) and `MongoServer`
+//! (SecantusDB, a MongoDB-wire server). Each picks a free port, waits until the server itself answers, can be
+//! stopped and restarted on the same port, and is killed in `Drop`. Binaries come from `.tools/venv/bin`
+//! (installed by `scripts/services.sh install`) unless `NATS_SERVER_BIN` / `SECANTUSD_BIN` name them.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn tool(env: &str, name: &str) -> PathBuf {
+    if let Ok(path) = std::env::var(env) {
+        return PathBuf::from(path);
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(".tools/venv/bin")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} not found: run `scripts/services.sh install` (or set {env})",
+        path.display()
+    );
+    path
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free local port")
+}
+
+fn temp_dir(prefix: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "chv-{prefix}-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn log_tail(path: &PathBuf) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// A process guard shared by both servers. Its temp dir (log, data, the server's own TMPDIR) is removed on drop.
+struct Process {
+    name: &'static str,
+    command: Vec<String>,
+    dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Process {
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("server log file");
+        let child = Command::new(&self.command[0])
+            .args(&self.command[1..])
+            .env("TMPDIR", &self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e} ({:?})", self.name, self.command));
+        self.child = Some(child);
+    }
+
+    fn wait_ready(&mut self, ready: impl Fn() -> bool) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if ready() {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "{} exited with {status}:\n{}",
+                    self.name,
+                    log_tail(&self.log)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "{} did not answer within {READY_TIMEOUT:?}:\n{}",
+            self.name,
+            log_tail(&self.log)
+        );
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .arg(signal)
+                .arg(child.id().to_string())
+                .status();
+        }
+    }
+
+    /// SIGTERM (so the server cleans up after itself), SIGKILL if it is still there after two seconds.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A nats-server with JetStream on 127.0.0.1.
+pub struct NatsServer {
+    port: u16,
+    process: Process,
+}
+
+impl NatsServer {
+    pub fn start() -> Self {
+        let port = free_port();
+        let dir = temp_dir("nats");
+        let process = Process {
+            name: "nats-server",
+            command: vec![
+                tool("NATS_SERVER_BIN", "nats-server").display().to_string(),
+                "-a".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                port.to_string(),
+                "-js".into(),
+                "-sd".into(),
+                dir.join("js").display().to_string(),
+            ],
+            log: dir.join("nats.log"),
+            dir,
+            child: None,
+        };
+        let mut server = Self { port, process };
+        server.start_process();
+        server
+    }
+
+    fn start_process(&mut self) {
+        self.process.spawn();
+        let port = self.port;
+        // Ready when the server itself greets a client with its INFO line.
+        self.process.wait_ready(|| {
+            TcpStream::connect(("127.0.0.1", port))
+                .ok()
+                .and_then(|stream| {
+                    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+                    let mut line = String::new();
+                    BufReader::new(stream).read_line(&mut line).ok()?;
+                    Some(line.starts_with("INFO"))
+                })
+                .unwrap_or(false)
+        });
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn stop(&mut self) {
+        self.process.stop();
+    }
+
+    /// Starts the server again on the same port (after `stop`).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.start_process();
+    }
+}
+
+/// A SecantusDB server (MongoDB wire protocol) on 127.0.0.1 with in-memory storage.
+pub struct MongoServer {
+    port: u16,
+    process: Process,
+}
+
+impl MongoServer {
+    pub fn start() -> Self {
+        let port = free_port();
+        let dir = temp_dir("mongo");
+        std::fs::write(dir.join("secantusd.toml"), "").expect("empty server config");
+        let process = Process {
+            name: "secantusd-py",
+            command: vec![
+                tool("SECANTUSD_BIN", "secantusd-py").display().to_string(),
+                "--host".into(),
+                "127.0.0.1".into(),
+                "--port".into(),
+                port.to_string(),
+                "--storage-path".into(),
+                ":memory:".into(),
+                "--log-level".into(),
+                "WARNING".into(),
+                // An explicit config file keeps the server from picking up a secantusd.toml of the machine.
+                "--config".into(),
+                dir.join("secantusd.toml").display().to_string(),
+            ],
+            log: dir.join("mongo.log"),
+            dir,
+            child: None,
+        };
+        let mut server = Self { port, process };
+        server.start_process();
+        server
+    }
+
+    fn start_process(&mut self) {
+        self.process.spawn();
+        let port = self.port;
+        self.process.wait_ready(|| answers_hello(port));
+    }
+
+    pub fn uri(&self) -> String {
+        format!("mongodb://127.0.0.1:{}/?directConnection=true", self.port)
+    }
+
+    pub fn stop(&mut self) {
+        self.process.stop();
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
+    pub fn pause(&self) {
+        self.process.signal("-STOP");
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.process.signal("-CONT");
+    }
+
+    /// Starts the server again on the same port (after `stop`); in-memory data is gone.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.start_process();
+    }
+}
+
+/// Sends an OP_MSG `{hello: 1, $db: "admin"}` and checks the server replies with an OP_MSG.
+fn answers_hello(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let doc = mongodb::bson::doc! {"hello": 1, "$db": "admin"};
+    let mut body = Vec::new();
+    if doc.to_writer(&mut body).is_err() {
+        return false;
+    }
+    let length = 16 + 4 + 1 + body.len();
+    let mut message = Vec::with_capacity(length);
+    message.extend_from_slice(&(length as i32).to_le_bytes());
+    message.extend_from_slice(&1i32.to_le_bytes()); // request id
+    message.extend_from_slice(&0i32.to_le_bytes()); // response to
+    message.extend_from_slice(&2013i32.to_le_bytes()); // OP_MSG
+    message.extend_from_slice(&0u32.to_le_bytes()); // flags
+    message.push(0); // section kind 0: body
+    message.extend_from_slice(&body);
+    if stream.write_all(&message).is_err() {
+        return false;
+    }
+    let mut header = [0u8; 16];
+    stream.read_exact(&mut header).is_ok()
+        && i32::from_le_bytes([header[12], header[13], header[14], header[15]]) == 2013
+}

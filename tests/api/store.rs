@@ -1,0 +1,174 @@
+//! The store path against a real Mongo-wire server: index use (explain), the missing-index fallback, an unavailable
+//! store (503 within the timeout, then recovery), and thread ids that look like query operators.
+
+use std::time::{Duration, Instant};
+
+use chat_history_view::store::{events_filter, events_sort, markers_pipeline, projection};
+use mongodb::bson::{Bson, doc};
+use serde_json::json;
+
+use crate::helpers::{chunk_row, metric, spawn_app, spawn_app_with, turns, user_row};
+
+const INDEX: &str = "thread_id_1_event_type_1_event_parents_1";
+
+fn assert_uses_index(explain: &mongodb::bson::Document, stage: &str) {
+    let text = serde_json::to_string(explain).unwrap();
+    assert!(
+        text.contains("IXSCAN"),
+        "{stage} does not scan an index: {text}"
+    );
+    assert!(text.contains(INDEX), "{stage} does not use {INDEX}: {text}");
+    assert!(
+        !text.contains("COLLSCAN"),
+        "{stage} scans the collection: {text}"
+    );
+}
+
+#[tokio::test]
+async fn store_stages_use_the_thread_event_type_parents_index() {
+    let app = spawn_app().await;
+    let thread = "66f10000000000000000aaaa";
+    let mut rows = vec![
+        user_row(thread, "d1", "e1", 1, "Q"),
+        chunk_row(thread, "d1", "A", "e2", 2, "answer"),
+    ];
+    // Other threads and hidden displays, so a scan would have something to skip.
+    for i in 0..40 {
+        rows.push(chunk_row(
+            &format!("other{}", i % 4),
+            "dx",
+            "A",
+            &format!("o{i}"),
+            i,
+            "x",
+        ));
+        rows.push(chunk_row(
+            thread,
+            "hidden",
+            "B",
+            &format!("h{i}"),
+            i,
+            "hidden",
+        ));
+    }
+    app.store.insert_rows(&rows).await;
+
+    let stage1 = app
+        .store
+        .db
+        .run_command(doc! {"explain": {
+            "aggregate": "agent_events", "pipeline": markers_pipeline(thread).to_vec(), "cursor": {}, "hint": INDEX,
+        }})
+        .await
+        .expect("explain stage 1");
+    assert_uses_index(&stage1, "stage 1");
+    let displays = vec![Bson::String("d1".into())];
+    let stage2 = app
+        .store
+        .db
+        .run_command(doc! {"explain": {
+            "find": "agent_events", "filter": events_filter(thread, &displays), "sort": events_sort(),
+            "projection": projection(), "hint": INDEX,
+        }})
+        .await
+        .expect("explain stage 2");
+    assert_uses_index(&stage2, "stage 2");
+
+    // And the worker's own read, with the same stages, answers from the store.
+    let reply = app.api.history(thread, "").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(
+        reply.json()["messages"],
+        turns(&[("user", "Q"), ("assistant", "answer")])
+    );
+    assert_eq!(reply.header("x-history-source"), Some("store"));
+}
+
+#[tokio::test]
+async fn reads_still_answer_when_the_index_is_missing() {
+    let app = spawn_app().await;
+    let thread = "t-no-index";
+    app.store
+        .insert_rows(&[
+            user_row(thread, "d1", "e1", 1, "Q"),
+            chunk_row(thread, "d1", "A", "e2", 2, "A"),
+        ])
+        .await;
+    app.store
+        .events()
+        .drop_index(INDEX)
+        .await
+        .expect("drop index");
+
+    let reply = app.api.history(thread, "").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(
+        reply.json()["messages"],
+        turns(&[("user", "Q"), ("assistant", "A")])
+    );
+    let fallbacks = metric(
+        &app.api.metrics().await,
+        "history_view_index_hint_fallbacks_total",
+    );
+    // Both stages were retried without the hint.
+    assert_eq!(fallbacks, 2.0);
+}
+
+#[tokio::test]
+async fn a_stopped_store_answers_503_within_the_timeout_and_reads_recover() {
+    let mut app = spawn_app_with(|c| c.store_timeout_ms = Duration::from_millis(500)).await;
+    let thread = "t-outage";
+    app.mongo.stop();
+
+    let started = Instant::now();
+    let reply = app.api.history(thread, "").await;
+    let elapsed = started.elapsed();
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert_eq!(reply.json()["error"]["code"], "store_unavailable");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    // Bounded by the configured timeout (a generous margin: this asserts "no hang", not speed).
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "the read took {elapsed:?}"
+    );
+
+    app.mongo.restart();
+    app.store
+        .insert_rows(&[user_row(thread, "d1", "e1", 1, "back")])
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let reply = loop {
+        let reply = app.api.history(thread, "").await;
+        if reply.status == 200 || Instant::now() > deadline {
+            break reply;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["messages"], turns(&[("user", "back")]));
+}
+
+#[tokio::test]
+async fn thread_ids_with_operator_characters_are_plain_strings() {
+    let app = spawn_app().await;
+    app.store
+        .insert_rows(&[
+            user_row("victim", "d1", "e1", 1, "secret"),
+            user_row("$gt", "d1", "e2", 1, "dollar thread"),
+        ])
+        .await;
+    for id in [r#"{"$ne":1}"#, "$ne", r#"{"$gt":""}"#] {
+        let reply = app.api.history(id, "").await;
+        assert_eq!(reply.status, 200, "{id}: {}", reply.body);
+        assert_eq!(
+            reply.json(),
+            json!({"thread_id": id, "messages": []}),
+            "{id}"
+        );
+    }
+    let reply = app.api.history("$gt", "").await;
+    assert_eq!(
+        reply.json()["messages"],
+        turns(&[("user", "dollar thread")])
+    );
+}
