@@ -1,0 +1,535 @@
+#!/usr/bin/env python3
+"""Check the Helm chart with real Helm: lint, render, validate, and prove the check can fail.
+
+Run it through scripts/check-chart.sh, which installs its two dependencies into .tools/venv:
+
+- helm-python-sdk (import name ``helm_python``) carries Helm's Go SDK as a shared library, so
+  ``helm_python.lint(path, values, strict=True, kube_version=...)`` is `helm lint --strict` and
+  ``Chart.load(path).render(values, name=..., namespace=...)`` is `helm template`, with no helm
+  binary and no network.
+- kubernetes-validate ships the Kubernetes JSON schemas per version; each rendered manifest is
+  validated in strict mode (unknown fields are errors) against KUBE_VERSION.
+
+Steps:
+1. lint the chart (default and every non-default value set): any error or warning fails;
+2. render it with each value set, validate every manifest, and assert the facts that matter
+   (one replica, Recreate, probes, security context, the Mongo URI from a Secret, ...);
+3. render values the chart must refuse (schema and template guards) and expect a failure;
+4. self-check: break copies of the chart (a template syntax error, a manifest field Kubernetes
+   does not know, a RollingUpdate strategy, a Mongo URI in plain text) and expect steps 1-2 to
+   report each one.
+
+Exits non-zero on any failure; the last line is `check-chart: N passed, M failed`.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "chat-history-view"
+KUBE_VERSION = "1.30.0"
+RELEASE = "chv"
+NAMESPACE = "aihub"
+# The design target: resident memory <= cache budget + 64 MiB (spec section 7, P5).
+MEMORY_ALLOWANCE = 64 * 1024 * 1024
+# Lint severities as helm_python.lint reports them: 0 unknown, 1 info, 2 warning, 3 error.
+LINT_WARNING = 2
+
+# Value sets rendered besides the defaults. Each one exercises other branches of the templates.
+CASES: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "existing-secret,service-monitor,text-logs": {
+        "secret": {"existingSecret": "aihub-history", "mongodbUriKey": "uri", "apiTokenKey": "token"},
+        "serviceMonitor": {
+            "enabled": True,
+            "namespace": "monitoring",
+            "labels": {"release": "kube-prometheus-stack"},
+            "interval": "15s",
+            "scrapeTimeout": "5s",
+        },
+        "config": {"logFormat": "text", "logLevel": "info,chat_history_view=debug"},
+        "podAnnotations": {"example.com/team": "aihub"},
+        "imagePullSecrets": [{"name": "regcred"}],
+    },
+    "token,custom-resources,overrides": {
+        "fullnameOverride": "history",
+        "image": {"tag": "0.2.0", "pullPolicy": "Always"},
+        "secret": {"apiToken": "s3cr3t", "mongodbUri": "mongodb://user:pw@db-0:27017/?authSource=admin"},
+        "config": {
+            "natsUrl": "nats://nats.messaging:4222",
+            "mongodb": {"database": "aihub_prod", "indexHint": ""},
+            "cacheMaxBytes": 805306368,
+            "cacheIdleSecs": 600,
+            "storeTimeoutMs": 1500,
+            "shutdownDrainSecs": 20,
+        },
+        "terminationGracePeriodSeconds": 45,
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
+        "extraEnv": [{"name": "TZ", "value": "UTC"}],
+        "service": {"type": "NodePort", "port": 80},
+        "containerPort": 9090,
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "aihub", "effect": "NoSchedule"}],
+        "priorityClassName": "high",
+        "readinessProbe": {"periodSeconds": 3, "failureThreshold": 2},
+    },
+    "image-digest": {
+        "image": {"digest": "sha256:" + "a" * 64},
+        "podSecurityContext": {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
+        "securityContext": {"runAsUser": 10001, "runAsGroup": 10001},
+    },
+}
+
+# Values the chart must refuse, by the schema or a template guard, with the word the error must name
+# (so a chart that fails for another reason, say a syntax error, does not pass this check).
+REJECTED: dict[str, tuple[dict[str, Any], str]] = {
+    "a replicas value (one replica is fixed)": ({"replicas": 2}, "'replicas'"),
+    "an unknown top-level key": ({"replicaCount": 1}, "'replicaCount'"),
+    "a string where an integer belongs": ({"config": {"cacheMaxBytes": "256Mi"}}, "/config/cacheMaxBytes"),
+    "an unknown log format": ({"config": {"logFormat": "xml"}}, "/config/logFormat"),
+    "a writable root filesystem": ({"securityContext": {"readOnlyRootFilesystem": False}}, "readOnlyRootFilesystem"),
+    "running as root allowed": ({"podSecurityContext": {"runAsNonRoot": False}}, "runAsNonRoot"),
+    "a grace period not above the drain": (
+        {"terminationGracePeriodSeconds": 5},
+        "must exceed config.shutdownDrainSecs",
+    ),
+    "a mistyped nested key": ({"serviceMonitor": {"enable": True}}, "'enable'"),
+}
+
+EXPECTED_ENV = {
+    "HISTORY_VIEW_LISTEN",
+    "HISTORY_VIEW_NATS_URL",
+    "HISTORY_VIEW_SUBJECT",
+    "HISTORY_VIEW_MONGODB_URI",
+    "HISTORY_VIEW_MONGODB_DATABASE",
+    "HISTORY_VIEW_MONGODB_COLLECTION",
+    "HISTORY_VIEW_MONGODB_INDEX_HINT",
+    "HISTORY_VIEW_CACHE_MAX_BYTES",
+    "HISTORY_VIEW_CACHE_IDLE_SECS",
+    "HISTORY_VIEW_STORE_TIMEOUT_MS",
+    "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS",
+    "RUST_LOG",
+    "HISTORY_VIEW_LOG_FORMAT",
+}
+
+
+class CheckError(Exception):
+    """A fact about the chart that does not hold."""
+
+
+def expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckError(message)
+
+
+def parse_quantity(value: Any) -> float:
+    """A Kubernetes resource quantity ("512Mi", "1G", "0.5", 1) as a number of base units."""
+    suffixes = {
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+        "k": 10**3,
+        "M": 10**6,
+        "G": 10**9,
+        "T": 10**12,
+        "m": 10**-3,
+        "": 1,
+    }
+    match = re.fullmatch(r"([0-9.]+)(Ki|Mi|Gi|Ti|k|M|G|T|m|)", str(value))
+    expect(match is not None, f"unparsable quantity {value!r}")
+    assert match is not None  # for the type checker; expect() raised otherwise
+    return float(match.group(1)) * suffixes[match.group(2)]
+
+
+# --- lint ---------------------------------------------------------------------------------------
+
+
+def lint(chart: Path, values: dict[str, Any]) -> None:
+    """`helm lint --strict`: any error, or any message at warning level or above, fails."""
+    report = helm.lint(chart, values or None, strict=True, kube_version=f"v{KUBE_VERSION}")
+    problems = [f"{m['path']}: {m['error'].strip()}" for m in report["messages"] if m["severity"] >= LINT_WARNING]
+    # "errors" repeats the error-level messages; it is the fallback should a message lack a severity.
+    problems = problems or [e.strip() for e in report["errors"]]
+    expect(not problems, "lint: " + "; ".join(problems))
+    expect(report["total_charts_linted"] == 1, f"lint linted {report['total_charts_linted']} charts")
+
+
+# --- render and validate ------------------------------------------------------------------------
+
+
+def render(chart: Path, values: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """`helm template`: the rendered manifests (parsed) and NOTES.txt."""
+    with helm.Chart.load(chart) as loaded:
+        loaded.validate_schema(values)
+        rendered = loaded.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    notes = ""
+    manifests: list[dict[str, Any]] = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            notes = text
+            continue
+        try:
+            documents = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as err:
+            raise CheckError(f"{path} is not valid YAML: {err}") from err
+        for document in documents:
+            if document is None:
+                continue
+            expect(isinstance(document, dict), f"{path} holds a non-object document")
+            document["__source"] = path
+            manifests.append(document)
+    return manifests, notes
+
+
+def validate(manifest: dict[str, Any]) -> None:
+    """Strict schema validation for built-in kinds; the CRD gets a shape check of its own."""
+    source = manifest.pop("__source")
+    kind = manifest.get("kind")
+    expect(bool(manifest.get("apiVersion")) and bool(kind), f"{source}: no apiVersion or kind")
+    name = manifest.get("metadata", {}).get("name", "")
+    expect(
+        re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name or "") is not None,
+        f"{source}: metadata.name {name!r} is not a DNS label",
+    )
+    if kind == "ServiceMonitor":
+        check_service_monitor_shape(manifest, source)
+        return
+    try:
+        kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as err:
+        path = ".".join(str(p) for p in err.path)
+        raise CheckError(
+            f"{source}: {kind}/{name} does not match Kubernetes {KUBE_VERSION}: {path}: {err.message}"
+        ) from err
+    except kubernetes_validate.SchemaNotFoundError as err:
+        raise CheckError(f"{source}: {err.message}") from err
+
+
+def check_service_monitor_shape(monitor: dict[str, Any], source: str) -> None:
+    """ServiceMonitor is a CRD (no schema in kubernetes-validate): check the fields we rely on."""
+    expect(monitor["apiVersion"] == "monitoring.coreos.com/v1", f"{source}: apiVersion {monitor['apiVersion']}")
+    spec = monitor.get("spec", {})
+    unknown = set(spec) - {"selector", "namespaceSelector", "endpoints", "jobLabel", "targetLabels", "podTargetLabels"}
+    expect(not unknown, f"{source}: unknown spec fields {sorted(unknown)}")
+    expect(isinstance(spec.get("selector", {}).get("matchLabels"), dict), f"{source}: no spec.selector.matchLabels")
+    endpoints = spec.get("endpoints")
+    expect(isinstance(endpoints, list) and len(endpoints) == 1, f"{source}: expected one endpoint")
+    endpoint = endpoints[0]
+    unknown = set(endpoint) - {
+        "port",
+        "path",
+        "scheme",
+        "interval",
+        "scrapeTimeout",
+        "honorLabels",
+        "relabelings",
+        "metricRelabelings",
+    }
+    expect(not unknown, f"{source}: unknown endpoint fields {sorted(unknown)}")
+    expect(endpoint.get("port") == "http" and endpoint.get("path") == "/metrics", f"{source}: endpoint {endpoint}")
+    for key in ("interval", "scrapeTimeout"):
+        expect(re.fullmatch(r"([0-9]+(ms|s|m|h))+", str(endpoint.get(key))) is not None, f"{source}: bad {key}")
+
+
+# --- facts --------------------------------------------------------------------------------------
+
+
+def by_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [m for m in manifests if m.get("kind") == kind]
+
+
+def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, Any]) -> None:
+    """The facts the issue names, for any value set (values are the merged, effective values)."""
+    deployments = by_kind(manifests, "Deployment")
+    expect(len(deployments) == 1, f"expected one Deployment, got {len(deployments)}")
+    deployment = deployments[0]
+    spec = deployment["spec"]
+    expect(spec.get("replicas") == 1, f"replicas is {spec.get('replicas')!r}, not 1")
+    expect(spec.get("strategy") == {"type": "Recreate"}, f"strategy is {spec.get('strategy')!r}, not Recreate")
+
+    pod = spec["template"]["spec"]
+    pod_labels = spec["template"]["metadata"]["labels"]
+    selector = spec["selector"]["matchLabels"]
+    expect(selector.items() <= pod_labels.items(), "the Deployment selector does not match its pod labels")
+
+    pod_security = pod.get("securityContext", {})
+    expect(pod_security.get("runAsNonRoot") is True, "pod runAsNonRoot is not true")
+    expect(
+        pod_security.get("seccompProfile", {}).get("type") == "RuntimeDefault",
+        "pod seccompProfile is not RuntimeDefault",
+    )
+    expect(pod.get("automountServiceAccountToken") is False, "the service account token is mounted")
+
+    containers = pod["containers"]
+    expect(len(containers) == 1, f"expected one container, got {len(containers)}")
+    container = containers[0]
+    security = container.get("securityContext", {})
+    expect(security.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem is not true")
+    expect(security.get("runAsNonRoot") is True, "container runAsNonRoot is not true")
+    expect(security.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation is not false")
+    expect(security.get("capabilities", {}).get("drop") == ["ALL"], "capabilities do not drop ALL")
+    user = security.get("runAsUser", pod_security.get("runAsUser"))
+    expect(isinstance(user, int) and user > 0, f"runAsUser is {user!r}")
+
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    expect(ports.get("http") == values["containerPort"], f"container ports {ports}")
+    for probe_name, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        probe = container.get(probe_name, {}).get("httpGet", {})
+        expect(
+            probe.get("path") == path and probe.get("port") == "http",
+            f"{probe_name} is {probe}, not GET {path} on http",
+        )
+
+    env_list = container["env"]
+    names = [e["name"] for e in env_list]
+    expect(len(names) == len(set(names)), f"duplicate env vars: {names}")
+    env = {e["name"]: e for e in env_list}
+    missing = EXPECTED_ENV - set(env)
+    expect(not missing, f"env vars missing: {sorted(missing)}")
+    expect(env["HISTORY_VIEW_LISTEN"]["value"] == f"0.0.0.0:{values['containerPort']}", "HISTORY_VIEW_LISTEN")
+    expect(env["HISTORY_VIEW_LOG_FORMAT"]["value"] == values["config"]["logFormat"], "HISTORY_VIEW_LOG_FORMAT")
+    cache_bytes = values["config"]["cacheMaxBytes"]
+    expect(
+        env["HISTORY_VIEW_CACHE_MAX_BYTES"]["value"] == str(cache_bytes),
+        f"HISTORY_VIEW_CACHE_MAX_BYTES is {env['HISTORY_VIEW_CACHE_MAX_BYTES'].get('value')!r}",
+    )
+    expect(env["HISTORY_VIEW_MONGODB_INDEX_HINT"]["value"] == values["config"]["mongodb"]["indexHint"], "index hint")
+    drain = int(env["HISTORY_VIEW_SHUTDOWN_DRAIN_SECS"]["value"])
+    expect(
+        pod["terminationGracePeriodSeconds"] > drain,
+        f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']} does not exceed the {drain}s drain",
+    )
+    for name in EXPECTED_ENV - {"HISTORY_VIEW_MONGODB_URI"}:
+        expect("value" in env[name], f"{name} has no plain value")
+
+    memory_limit = container.get("resources", {}).get("limits", {}).get("memory")
+    expect(memory_limit is not None, "no memory limit")
+    expect(
+        parse_quantity(memory_limit) >= cache_bytes + MEMORY_ALLOWANCE,
+        f"memory limit {memory_limit} leaves no room above the {cache_bytes}-byte cache budget + 64 MiB",
+    )
+
+    # Secrets: the Mongo URI always comes from a secretKeyRef; the Secret is the named one or ours.
+    secret_values = values["secret"]
+    mongo_ref = env["HISTORY_VIEW_MONGODB_URI"].get("valueFrom", {}).get("secretKeyRef")
+    expect(
+        mongo_ref is not None and "value" not in env["HISTORY_VIEW_MONGODB_URI"],
+        "the Mongo URI is not read from a Secret",
+    )
+    assert mongo_ref is not None
+    expect(mongo_ref["key"] == secret_values["mongodbUriKey"], f"Mongo URI key {mongo_ref['key']}")
+    secrets = by_kind(manifests, "Secret")
+    token_env = env.get("HISTORY_VIEW_API_TOKEN")
+    if secret_values["existingSecret"]:
+        expect(not secrets, "a Secret is rendered although existingSecret is named")
+        expect(
+            mongo_ref["name"] == secret_values["existingSecret"],
+            f"Mongo URI read from {mongo_ref['name']}, not the existing Secret",
+        )
+        expect(token_env is not None, "no API token env with an existing Secret")
+        assert token_env is not None
+        token_ref = token_env["valueFrom"]["secretKeyRef"]
+        expect(
+            token_ref
+            == {"name": secret_values["existingSecret"], "key": secret_values["apiTokenKey"], "optional": True},
+            f"API token ref {token_ref}",
+        )
+    else:
+        expect(len(secrets) == 1, f"expected one Secret, got {len(secrets)}")
+        secret = secrets[0]
+        expect(mongo_ref["name"] == secret["metadata"]["name"], "the Mongo URI is not read from the chart's Secret")
+        data = {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
+        expect(
+            data.get(secret_values["mongodbUriKey"]) == secret_values["mongodbUri"],
+            "the Secret holds another Mongo URI",
+        )
+        if secret_values["apiToken"]:
+            expect(
+                data.get(secret_values["apiTokenKey"]) == secret_values["apiToken"], "the Secret lacks the API token"
+            )
+            expect(
+                token_env is not None and token_env["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"],
+                "the API token is not read from the chart's Secret",
+            )
+        else:
+            expect(secret_values["apiTokenKey"] not in data, "an empty API token is stored")
+            expect(token_env is None, "HISTORY_VIEW_API_TOKEN is set without a token")
+        checksum = spec["template"]["metadata"].get("annotations", {}).get("checksum/secret", "")
+        expect(re.fullmatch(r"[0-9a-f]{64}", checksum) is not None, "no checksum/secret annotation on the pod")
+
+    services = by_kind(manifests, "Service")
+    expect(len(services) == 1, f"expected one Service, got {len(services)}")
+    service = services[0]
+    expect(service["spec"]["selector"].items() <= pod_labels.items(), "the Service selector does not match the pod")
+    service_ports = service["spec"]["ports"]
+    expect(
+        [(p["name"], p["targetPort"], p["port"]) for p in service_ports]
+        == [("http", "http", values["service"]["port"])],
+        f"Service ports {service_ports}",
+    )
+
+    monitors = by_kind(manifests, "ServiceMonitor")
+    if values["serviceMonitor"]["enabled"]:
+        expect(len(monitors) == 1, "ServiceMonitor enabled but not rendered")
+        monitor = monitors[0]
+        expect(
+            monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items(),
+            "the ServiceMonitor does not select the Service",
+        )
+        expect(monitor["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE], "ServiceMonitor namespaceSelector")
+        expected_ns = values["serviceMonitor"]["namespace"] or NAMESPACE
+        expect(monitor["metadata"].get("namespace") == expected_ns, "ServiceMonitor namespace")
+        expect(
+            values["serviceMonitor"]["labels"].items() <= monitor["metadata"]["labels"].items(), "ServiceMonitor labels"
+        )
+    else:
+        expect(not monitors, "ServiceMonitor rendered although disabled")
+
+    kinds = sorted(m["kind"] for m in manifests)
+    expect(set(kinds) <= {"Deployment", "Service", "Secret", "ServiceMonitor"}, f"unexpected kinds {kinds}")
+    expect("port-forward" in notes and "/readyz" in notes, "NOTES.txt does not say how to reach the service")
+
+
+def check_chart(chart: Path, record: Callable[[str, str | None], None]) -> None:
+    """Lint, render, validate and check facts for every value set; record each outcome."""
+    for case, overrides in CASES.items():
+        try:
+            lint(chart, overrides)
+            manifests, notes = render(chart, overrides)
+            for manifest in manifests:
+                validate(manifest)
+            with helm.Chart.load(chart) as loaded:
+                # Helm's own coalescing of defaults and overrides: the values the render used.
+                effective = loaded.merge_values(overrides)
+            check_facts(manifests, notes, effective)
+            record(f"{case}: lint, render, {len(manifests)} manifests valid, facts hold", None)
+        except (CheckError, helm.HelmError) as err:
+            record(f"{case}", f"{type(err).__name__}: {err}")
+
+
+def check_rejections(chart: Path, record: Callable[[str, str | None], None]) -> None:
+    for reason, (values, named) in REJECTED.items():
+        try:
+            render(chart, values)
+        except helm.HelmError as err:
+            last_line = next((line.strip() for line in str(err).splitlines()[::-1] if line.strip()), "")
+            if named in str(err):
+                record(f"rejects {reason} ({type(err).__name__}: {last_line[:90]})", None)
+            else:
+                record(f"rejects {reason}", f"it failed for another reason: {last_line}")
+        else:
+            record(f"rejects {reason}", "the chart rendered it")
+
+
+SYNTAX_BREAKAGE = "an unclosed {{ if }} in a template"
+
+# Mutations of a chart copy; each must make check_chart report at least one failure.
+BREAKAGES: dict[str, tuple[str, str, str]] = {
+    # name: (template file, text to replace, replacement)
+    SYNTAX_BREAKAGE: (
+        "deployment.yaml",
+        "{{- with .Values.nodeSelector }}",
+        "{{- if .Values.nodeSelector }}{{- with .Values.nodeSelector }}",
+    ),
+    "a field Kubernetes does not know": ("deployment.yaml", "containerPort:", "containerPorts:"),
+    "a RollingUpdate strategy": ("deployment.yaml", "type: Recreate", "type: RollingUpdate"),
+    "a Mongo URI given as a plain value": (
+        "deployment.yaml",
+        (
+            "- name: HISTORY_VIEW_MONGODB_URI\n              valueFrom:\n                secretKeyRef:\n"
+            '                  name: {{ include "chat-history-view.secretName" . }}\n'
+            "                  key: {{ .Values.secret.mongodbUriKey }}"
+        ),
+        "- name: HISTORY_VIEW_MONGODB_URI\n              value: {{ .Values.secret.mongodbUri | quote }}",
+    ),
+}
+
+
+def check_both_fail(broken: Path, record: Callable[[str, str | None], None]) -> None:
+    """A template syntax error must fail `helm lint` and `helm template` alike, on their own."""
+    report = helm.lint(broken, strict=True, kube_version=f"v{KUBE_VERSION}")
+    lint_failed = bool(report["errors"])
+    try:
+        render(broken, {})
+        render_failed = False
+    except helm.HelmError:
+        render_failed = True
+    outcome = None if lint_failed and render_failed else f"lint failed: {lint_failed}, render failed: {render_failed}"
+    record("self-check: a template syntax error fails both lint and render", outcome)
+
+
+def failures_of(chart: Path) -> list[str]:
+    """Run check_chart on a chart silently and return what failed."""
+    failures: list[str] = []
+
+    def record(_label: str, failure: str | None) -> None:
+        if failure is not None:
+            failures.append(failure)
+
+    check_chart(chart, record)
+    return failures
+
+
+def check_self(record: Callable[[str, str | None], None]) -> None:
+    """Prove the check fails on a broken chart: break a copy and expect failures."""
+    for name, (template, old, new) in BREAKAGES.items():
+        with tempfile.TemporaryDirectory(prefix="check-chart-") as tmp:
+            broken = Path(tmp) / CHART.name
+            shutil.copytree(CHART, broken)
+            target = broken / "templates" / template
+            text = target.read_text()
+            if old not in text:
+                record(f"self-check: {name}", f"cannot apply it: {old!r} is not in {template}")
+                continue
+            target.write_text(text.replace(old, new, 1))
+            if name == SYNTAX_BREAKAGE:
+                check_both_fail(broken, record)
+            failures = failures_of(broken)
+            if failures:
+                record(f"self-check: {name} is caught ({failures[0][:100]})", None)
+            else:
+                record(f"self-check: {name}", "the broken chart passed the check")
+
+
+def main() -> int:
+    started = time.monotonic()
+    passed = 0
+    failed: list[str] = []
+
+    def record(label: str, failure: str | None) -> None:
+        nonlocal passed
+        if failure is None:
+            passed += 1
+            print(f"ok    {label}")
+        else:
+            failed.append(label)
+            print(f"FAIL  {label}: {failure}")
+
+    print(
+        f"helm-python-sdk {helm.__version__} (Helm {helm.helm_sdk_version()}), "
+        f"kubernetes-validate {kubernetes_validate.__version__}, Kubernetes {KUBE_VERSION} schemas"
+    )
+    check_chart(CHART, record)
+    check_rejections(CHART, record)
+    check_self(record)
+    print(f"chart {CHART.relative_to(ROOT)} checked in {time.monotonic() - started:.1f}s")
+    print(f"check-chart: {passed} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
