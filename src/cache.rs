@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ pub struct Views {
     metrics: Metrics,
     /// Bumped on every possible gap in the live stream; a hydration that saw it change stays partial.
     gaps: Arc<AtomicU64>,
+    /// Whether the live stream is connected now. A view hydrated while it is not cannot be complete: events
+    /// published meanwhile are being missed.
+    live: Arc<AtomicBool>,
 }
 
 /// One cached thread.
@@ -50,6 +53,9 @@ struct Entry {
     view: Mutex<ThreadView>,
     /// Held while hydrating, so concurrent readers of a partial view share one store query.
     hydration: tokio::sync::Mutex<()>,
+    /// Bumped when a hydration fails, so readers that waited for it fail too instead of queueing one store
+    /// timeout after another.
+    failed_hydrations: AtomicU64,
     /// The weight moka charged at the last insert.
     charged: AtomicUsize,
     /// The last rendered answer: (view version, primary identity, answer).
@@ -76,6 +82,7 @@ impl Entry {
         Self {
             view: Mutex::new(ThreadView::new()),
             hydration: tokio::sync::Mutex::new(()),
+            failed_hydrations: AtomicU64::new(0),
             charged: AtomicUsize::new(0),
             rendered: Mutex::new(None),
             warned: Mutex::new(HashSet::new()),
@@ -177,6 +184,7 @@ impl Views {
             store,
             metrics,
             gaps: Arc::new(AtomicU64::new(0)),
+            live: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -210,15 +218,21 @@ impl Views {
             return Ok(answer);
         }
         self.metrics.cache_miss();
+        let failures_before = entry.failed_hydrations.load(Ordering::Acquire);
         let _hydrating = entry.hydration.lock().await;
-        // Another reader may have hydrated the view while this one waited.
+        // Another reader may have hydrated the view while this one waited, or failed to.
         if let Some(answer) = self.complete_answer(&entry, thread_id, primary, Source::Store) {
             return Ok(answer);
         }
+        if entry.failed_hydrations.load(Ordering::Acquire) != failures_before {
+            return Err(StoreError::ConcurrentReadFailed);
+        }
         let gaps_before = self.gaps.load(Ordering::Acquire);
+        let live_before = self.live.load(Ordering::Acquire);
         let rows = match self.store.thread_rows(thread_id).await {
             Ok(rows) => rows,
             Err(error) => {
+                entry.failed_hydrations.fetch_add(1, Ordering::AcqRel);
                 self.metrics.hydration(false);
                 return Err(error);
             }
@@ -227,7 +241,11 @@ impl Views {
             let mut view = lock(&entry.view);
             let hydrated = ThreadView::hydrated(rows.events, rows.displays, &view);
             *view = hydrated;
-            if self.gaps.load(Ordering::Acquire) != gaps_before {
+            let gap_free = live_before
+                && self.live.load(Ordering::Acquire)
+                && self.gaps.load(Ordering::Acquire) == gaps_before;
+            if !gap_free {
+                // Answer from what was read, but hydrate again on the next read.
                 view.downgrade();
             }
             entry.render(&view, thread_id, primary, Source::Store, &self.metrics)
@@ -235,6 +253,11 @@ impl Views {
         self.metrics.hydration(true);
         self.reweigh(&entry, thread_id).await;
         Ok(answer)
+    }
+
+    /// Records whether the live stream is connected (and subscribed).
+    pub fn set_live(&self, live: bool) {
+        self.live.store(live, Ordering::Release);
     }
 
     /// Marks every view partial after a possible gap in the live stream. Returns how many were complete.

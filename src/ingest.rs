@@ -147,15 +147,15 @@ impl Ingest {
             };
             let (label, gap) = match &event {
                 Event::Connected => {
-                    self.readiness.set_connected(true);
+                    self.set_connected(true);
                     ("connected", true)
                 }
                 Event::Disconnected => {
-                    self.readiness.set_connected(false);
+                    self.set_connected(false);
                     ("disconnected", true)
                 }
                 Event::Closed => {
-                    self.readiness.set_connected(false);
+                    self.set_connected(false);
                     ("closed", true)
                 }
                 Event::SlowConsumer(_) => ("slow_consumer", true),
@@ -168,6 +168,14 @@ impl Ingest {
             let downgraded = if gap { self.views.downgrade_all() } else { 0 };
             tracing::info!(event = %event, downgraded_views = downgraded, "NATS connection event");
         }
+    }
+}
+
+impl Ingest {
+    /// Records the connection state where readiness and hydration look for it.
+    pub fn set_connected(&self, connected: bool) {
+        self.readiness.set_connected(connected);
+        self.views.set_live(connected);
     }
 }
 

@@ -143,7 +143,7 @@ impl Application {
             readiness: state.readiness.clone(),
         };
         if nats.connection_state() == async_nats::connection::State::Connected {
-            state.readiness.set_connected(true);
+            ingest.set_connected(true);
         }
         tracker.spawn(
             ingest

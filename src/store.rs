@@ -40,6 +40,9 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("the store query failed")]
     Query(#[source] MongoError),
+    /// Another read of the same thread was already waiting on the store and it failed.
+    #[error("a concurrent read of this thread could not reach the store")]
+    ConcurrentReadFailed,
 }
 
 /// A thread's events as the two-stage query returns them.

@@ -22,3 +22,7 @@ mod http;
 mod live;
 // Graceful shutdown.
 mod shutdown;
+// Metrics and readiness.
+mod operations;
+// The demo conversation behind `make run`.
+mod demo;

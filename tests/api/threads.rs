@@ -196,18 +196,5 @@ fn row(thread_id: &str, i: usize, spec: &EventSpec) -> Value {
     })
 }
 
-/// The NATS subject a row is published on.
-pub fn subject(row: &Value) -> String {
-    let field = |name: &str| row[name].as_str().unwrap_or_default().to_owned();
-    format!(
-        "agent.{}.{}.{}.{}.{}.{}.{}.{}",
-        field("agent_class"),
-        field("agent_id"),
-        field("thread_id"),
-        field("display_id"),
-        field("run_id"),
-        field("event_type"),
-        field("event_name"),
-        field("event_id")
-    )
-}
+/// The NATS subject a row is published on (the demo's mapping, shared).
+pub use crate::demo::conversation::subject;

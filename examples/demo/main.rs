@@ -1,0 +1,97 @@
+//! Demo client: publishes a realistic two-turn conversation on NATS the way aihub does, reads the thread's history
+//! back from a running chat-history-view, prints the transcript, and fails if it is not the expected one.
+//!
+//! Environment: `HISTORY_VIEW_NATS_URL` (default nats://127.0.0.1:4222), `DEMO_API` (default http://127.0.0.1:8080),
+//! `DEMO_THREAD` (default: a fresh id).
+
+mod conversation;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use conversation::{EXPECTED, PRIMARY, rows, subject, transcript};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("demo failed: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<bool> {
+    let nats_url =
+        std::env::var("HISTORY_VIEW_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let api = std::env::var("DEMO_API").unwrap_or_else(|_| "http://127.0.0.1:8080".into());
+    let thread = std::env::var("DEMO_THREAD").unwrap_or_else(|_| {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("demo{:x}", nanos % 0xffff_ffff)
+    });
+
+    let client = async_nats::connect(&nats_url).await?;
+    let rows = rows(&thread);
+    println!(
+        "Publishing {} display events for thread {thread} on {nats_url}:",
+        rows.len()
+    );
+    for row in &rows {
+        let subject = subject(row);
+        println!("  {subject}");
+        client
+            .publish(subject, serde_json::to_vec(&row["event_data"])?.into())
+            .await?;
+    }
+    client.flush().await?;
+
+    let url = format!(
+        "{api}/v1/threads/{thread}/history?agent_class={}&agent_id={}",
+        PRIMARY.0, PRIMARY.1
+    );
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (body, source) = loop {
+        let response = http.get(&url).send().await?;
+        let source = response
+            .headers()
+            .get("x-history-source")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("?")
+            .to_owned();
+        let body: serde_json::Value = response.json().await?;
+        if transcript(&body).len() >= EXPECTED.len() || Instant::now() > deadline {
+            break (body, source);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+
+    println!("\nGET {url}\n(X-History-Source: {source})\n");
+    let actual = transcript(&body);
+    for (role, text) in &actual {
+        println!("  {role:>9}: {text}");
+    }
+    let expected: Vec<(String, String)> = EXPECTED
+        .iter()
+        .map(|(r, t)| (r.to_string(), t.to_string()))
+        .collect();
+    if actual == expected {
+        println!(
+            "\nThe history matches the expected transcript: hidden displays left out, the delegate's chunk kept,"
+        );
+        println!(
+            "the stop's unstreamed end appended, the HITL question and answer as assistant and user turns."
+        );
+        Ok(true)
+    } else {
+        eprintln!(
+            "\nunexpected history: {}",
+            serde_json::to_string_pretty(&body)?
+        );
+        Ok(false)
+    }
+}
