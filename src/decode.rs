@@ -25,7 +25,7 @@ use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::subject::DeliveryKey;
+use crate::subject::{DeliveryKey, KEY_FIELDS};
 
 /// The only `event_type` that history reads (stage 2 of the store query filters on it too).
 pub const DISPLAY_EVENT: &str = "display_event";
@@ -429,21 +429,8 @@ pub fn decode_payload(key: DeliveryKey, payload: &[u8]) -> Result<Decoded, Decod
 // Store rows (BSON)
 // ---------------------------------------------------------------------------------------------------------------
 
-/// The top-level fields of an `agent_events` row the decoder reads; the store's query projection.
-pub const ROW_FIELDS: [&str; 10] = [
-    "agent_class",
-    "agent_id",
-    "thread_id",
-    "display_id",
-    "run_id",
-    "event_type",
-    "event_name",
-    "event_id",
-    "event_parents",
-    "event_data",
-];
-
-/// The `event_data` fields the decoder may read; the store projects only these.
+/// The `event_data` fields the decoder may read. The store projects only these, the delivery key's fields
+/// ([`KEY_FIELDS`]) and `event_parents`.
 pub const EVENT_DATA_FIELDS: [&str; 6] = [
     "created_at",
     "messages",
@@ -460,16 +447,7 @@ pub fn decode_row(row: &RawDocument) -> Decoded {
         Ok(Some(RawBsonRef::String(s))) => s,
         _ => "",
     };
-    let key = DeliveryKey::from_fields([
-        text("agent_class"),
-        text("agent_id"),
-        text("thread_id"),
-        text("display_id"),
-        text("run_id"),
-        text("event_type"),
-        text("event_name"),
-        text("event_id"),
-    ]);
+    let key = DeliveryKey::from_fields(KEY_FIELDS.map(text));
     let mut families = Families::default();
     if let Ok(Some(RawBsonRef::Array(parents))) = row.get("event_parents") {
         for parent in parents.into_iter().flatten() {

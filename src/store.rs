@@ -17,10 +17,9 @@ use mongodb::error::{Error as MongoError, ErrorKind};
 use mongodb::options::{ClientOptions, Hint};
 use mongodb::{Client, Collection, Database};
 
-use crate::decode::{
-    DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, ROW_FIELDS, USER_AGENT, ViewEvent, decode_row,
-};
+use crate::decode::{DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, USER_AGENT, ViewEvent, decode_row};
 use crate::metrics::{Metrics, Stage};
+use crate::subject::KEY_FIELDS;
 
 /// Parents that make a `UserAgent` display event a visibility marker.
 const MARKER_PARENTS: [&str; 2] = ["UserMessageEvent", "HumanInTheLoopResponseEvent"];
@@ -281,7 +280,7 @@ pub fn events_sort() -> Document {
 /// Only the fields the decoder reads.
 pub fn projection() -> Document {
     let mut projection = doc! {"_id": 0};
-    for field in ROW_FIELDS.iter().filter(|f| **f != "event_data") {
+    for field in KEY_FIELDS.iter().chain(&["event_parents"]) {
         projection.insert(*field, 1);
     }
     for field in EVENT_DATA_FIELDS {

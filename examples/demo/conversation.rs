@@ -199,20 +199,11 @@ pub fn rows(thread: &str) -> Vec<Value> {
 /// The NATS subject a row is published on.
 pub fn subject(row: &Value) -> String {
     let field = |name: &str| row[name].as_str().unwrap_or_default().to_owned();
-    [
-        "agent_class",
-        "agent_id",
-        "thread_id",
-        "display_id",
-        "run_id",
-        "event_type",
-        "event_name",
-        "event_id",
-    ]
-    .iter()
-    .fold("agent".to_owned(), |subject, name| {
-        format!("{subject}.{}", field(name))
-    })
+    chat_history_view::subject::KEY_FIELDS
+        .iter()
+        .fold("agent".to_owned(), |subject, name| {
+            format!("{subject}.{}", field(name))
+        })
 }
 
 /// The transcript of a history body as (role, text) pairs.

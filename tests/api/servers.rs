@@ -55,10 +55,46 @@ struct Process {
     command: Vec<String>,
     dir: PathBuf,
     log: PathBuf,
+    port: u16,
+    /// Asks the server itself whether it answers on `port`.
+    ready: fn(u16) -> bool,
     child: Option<Child>,
 }
 
 impl Process {
+    fn start(
+        name: &'static str,
+        command: Vec<String>,
+        dir: PathBuf,
+        port: u16,
+        ready: fn(u16) -> bool,
+    ) -> Self {
+        let log = dir.join(format!("{name}.log"));
+        let mut process = Self {
+            name,
+            command,
+            dir,
+            log,
+            port,
+            ready,
+            child: None,
+        };
+        process.run();
+        process
+    }
+
+    /// Spawns the server and waits until it answers.
+    fn run(&mut self) {
+        self.spawn();
+        let (ready, port) = (self.ready, self.port);
+        self.wait_ready(|| ready(port));
+    }
+
+    fn restart(&mut self) {
+        self.stop();
+        self.run();
+    }
+
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -134,7 +170,6 @@ impl Drop for Process {
 
 /// A nats-server with JetStream on 127.0.0.1.
 pub struct NatsServer {
-    port: u16,
     process: Process,
 }
 
@@ -142,46 +177,23 @@ impl NatsServer {
     pub fn start() -> Self {
         let port = free_port();
         let dir = temp_dir("nats");
-        let process = Process {
-            name: "nats-server",
-            command: vec![
-                tool("NATS_SERVER_BIN", "nats-server").display().to_string(),
-                "-a".into(),
-                "127.0.0.1".into(),
-                "-p".into(),
-                port.to_string(),
-                "-js".into(),
-                "-sd".into(),
-                dir.join("js").display().to_string(),
-            ],
-            log: dir.join("nats.log"),
-            dir,
-            child: None,
-        };
-        let mut server = Self { port, process };
-        server.start_process();
-        server
-    }
-
-    fn start_process(&mut self) {
-        self.process.spawn();
-        let port = self.port;
-        // Ready when the server itself greets a client with its INFO line.
-        self.process.wait_ready(|| {
-            TcpStream::connect(("127.0.0.1", port))
-                .ok()
-                .and_then(|stream| {
-                    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-                    let mut line = String::new();
-                    BufReader::new(stream).read_line(&mut line).ok()?;
-                    Some(line.starts_with("INFO"))
-                })
-                .unwrap_or(false)
-        });
+        let command = vec![
+            tool("NATS_SERVER_BIN", "nats-server").display().to_string(),
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            port.to_string(),
+            "-js".into(),
+            "-sd".into(),
+            dir.join("js").display().to_string(),
+        ];
+        Self {
+            process: Process::start("nats-server", command, dir, port, greets_with_info),
+        }
     }
 
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://127.0.0.1:{}", self.process.port)
     }
 
     pub fn stop(&mut self) {
@@ -190,14 +202,12 @@ impl NatsServer {
 
     /// Starts the server again on the same port (after `stop`).
     pub fn restart(&mut self) {
-        self.stop();
-        self.start_process();
+        self.process.restart();
     }
 }
 
 /// A SecantusDB server (MongoDB wire protocol) on 127.0.0.1 with in-memory storage.
 pub struct MongoServer {
-    port: u16,
     process: Process,
 }
 
@@ -205,40 +215,31 @@ impl MongoServer {
     pub fn start() -> Self {
         let port = free_port();
         let dir = temp_dir("mongo");
+        // An explicit, empty config file keeps the server from picking up a secantusd.toml of the machine.
         std::fs::write(dir.join("secantusd.toml"), "").expect("empty server config");
-        let process = Process {
-            name: "secantusd-py",
-            command: vec![
-                tool("SECANTUSD_BIN", "secantusd-py").display().to_string(),
-                "--host".into(),
-                "127.0.0.1".into(),
-                "--port".into(),
-                port.to_string(),
-                "--storage-path".into(),
-                ":memory:".into(),
-                "--log-level".into(),
-                "WARNING".into(),
-                // An explicit config file keeps the server from picking up a secantusd.toml of the machine.
-                "--config".into(),
-                dir.join("secantusd.toml").display().to_string(),
-            ],
-            log: dir.join("mongo.log"),
-            dir,
-            child: None,
-        };
-        let mut server = Self { port, process };
-        server.start_process();
-        server
-    }
-
-    fn start_process(&mut self) {
-        self.process.spawn();
-        let port = self.port;
-        self.process.wait_ready(|| answers_hello(port));
+        let command = vec![
+            tool("SECANTUSD_BIN", "secantusd-py").display().to_string(),
+            "--host".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            port.to_string(),
+            "--storage-path".into(),
+            ":memory:".into(),
+            "--log-level".into(),
+            "WARNING".into(),
+            "--config".into(),
+            dir.join("secantusd.toml").display().to_string(),
+        ];
+        Self {
+            process: Process::start("secantusd-py", command, dir, port, answers_hello),
+        }
     }
 
     pub fn uri(&self) -> String {
-        format!("mongodb://127.0.0.1:{}/?directConnection=true", self.port)
+        format!(
+            "mongodb://127.0.0.1:{}/?directConnection=true",
+            self.process.port
+        )
     }
 
     pub fn stop(&mut self) {
@@ -257,9 +258,21 @@ impl MongoServer {
 
     /// Starts the server again on the same port (after `stop`); in-memory data is gone.
     pub fn restart(&mut self) {
-        self.stop();
-        self.start_process();
+        self.process.restart();
     }
+}
+
+/// Ready when the server itself greets a client with its INFO line.
+fn greets_with_info(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port))
+        .ok()
+        .and_then(|stream| {
+            stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+            let mut line = String::new();
+            BufReader::new(stream).read_line(&mut line).ok()?;
+            Some(line.starts_with("INFO"))
+        })
+        .unwrap_or(false)
 }
 
 /// Sends an OP_MSG `{hello: 1, $db: "admin"}` and checks the server replies with an OP_MSG.
