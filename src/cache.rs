@@ -89,17 +89,26 @@ impl Entry {
         }
     }
 
-    /// The weight to charge now: the view's bytes plus a quarter of headroom, so that a growing view is re-weighed
+    /// Bytes held: the view and its last rendered answer.
+    fn held_bytes(&self) -> usize {
+        let view = lock(&self.view).bytes();
+        let rendered = lock(&self.rendered).as_ref().map_or(0, |(_, _, answer)| {
+            answer.body.len() + answer.etag.len() + 64
+        });
+        view + rendered
+    }
+
+    /// The weight to charge now: the bytes held plus a quarter of headroom, so that a growing view is re-weighed
     /// only every so often.
     fn charge(&self) -> u32 {
-        let bytes = lock(&self.view).bytes();
+        let bytes = self.held_bytes();
         let charge = bytes + bytes / 4 + 512;
         self.charged.store(charge, Ordering::Relaxed);
         u32::try_from(charge).unwrap_or(u32::MAX)
     }
 
-    fn outgrew_charge(&self, bytes: usize) -> bool {
-        bytes > self.charged.load(Ordering::Relaxed)
+    fn outgrew_charge(&self) -> bool {
+        self.held_bytes() > self.charged.load(Ordering::Relaxed)
     }
 
     /// Renders the view for `primary`, reusing the last rendering while the view has not changed. Warnings not
@@ -192,12 +201,8 @@ impl Views {
     pub async fn apply(&self, event: ViewEvent) -> Inserted {
         let thread_id = event.key.thread_id().to_owned();
         let entry = self.entry(&thread_id).await;
-        let (inserted, bytes) = {
-            let mut view = lock(&entry.view);
-            let inserted = view.insert(event);
-            (inserted, view.bytes())
-        };
-        if entry.outgrew_charge(bytes) {
+        let inserted = lock(&entry.view).insert(event);
+        if entry.outgrew_charge() {
             self.reweigh(&entry, &thread_id).await;
         }
         inserted
