@@ -28,6 +28,11 @@ pub struct Config {
     #[arg(long, env = "HISTORY_VIEW_SUBJECT", default_value = DEFAULT_SUBJECT, value_parser = parse_subject)]
     pub subject: String,
 
+    /// Messages the NATS subscription buffers before the client drops them as a slow consumer (which downgrades
+    /// every view) (env HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY; default 65536).
+    #[arg(long, env = "HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY", default_value = "65536", value_parser = parse_capacity)]
+    pub nats_subscription_capacity: usize,
+
     /// MongoDB connection string; may hold credentials and is never logged (env HISTORY_VIEW_MONGODB_URI; default
     /// mongodb://127.0.0.1:27017).
     #[arg(long, env = "HISTORY_VIEW_MONGODB_URI", default_value = "mongodb://127.0.0.1:27017", value_parser = parse_mongodb_uri, hide_default_value = false)]
@@ -171,6 +176,10 @@ fn parse_positive(value: &str) -> Result<u64, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(format!("must be a whole number: {e}")),
     }
+}
+
+fn parse_capacity(value: &str) -> Result<usize, String> {
+    parse_positive(value).and_then(|n| usize::try_from(n).map_err(|_| "is too large".to_owned()))
 }
 
 fn parse_secs(value: &str) -> Result<Duration, String> {

@@ -74,6 +74,7 @@ impl Application {
         let nats = async_nats::ConnectOptions::new()
             .name("chat-history-view")
             .retry_on_initial_connect()
+            .subscription_capacity(config.nats_subscription_capacity)
             .event_callback(move |event| {
                 let events_tx = events_tx.clone();
                 async move {

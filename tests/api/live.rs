@@ -340,3 +340,48 @@ async fn the_cache_stays_within_its_byte_budget_while_many_threads_stream_in() {
         rows.len() as f64
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_consumer_drop_downgrades_complete_views() {
+    let app = spawn_app_with(|c| c.nats_subscription_capacity = 4).await;
+    let thread = "t-slow";
+    app.store
+        .insert_rows(&[user_row(thread, "d1", "e1", 1, "Q")])
+        .await;
+    app.api.history(thread, "").await;
+    assert_eq!(
+        app.api.history(thread, "").await.header("x-history-source"),
+        Some("cache")
+    );
+
+    // Far more than the subscription buffers, as fast as the publisher can go.
+    let flood: Vec<_> = (0..20_000)
+        .map(|i| chunk_row("t-flood", "d1", "A", &format!("f{i}"), i, "x"))
+        .collect();
+    publish_rows(&app.publisher, &flood).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = app.api.metrics().await;
+        if metric(
+            &metrics,
+            "history_view_nats_connection_events_total{event=\"slow_consumer\"}",
+        ) >= 1.0
+        {
+            assert!(
+                metric(&metrics, "history_view_views_downgraded_total") >= 1.0,
+                "{metrics}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no slow-consumer drop was reported: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The view that may have missed events is hydrated again.
+    assert_eq!(
+        app.api.history(thread, "").await.header("x-history-source"),
+        Some("store")
+    );
+}
