@@ -5,9 +5,11 @@
 //!   store once (concurrent readers wait for the same hydration), merges the live events held (including those
 //!   that arrived during the hydration) and marks it complete.
 //! - A possible gap in the live stream downgrades every view to partial ([`Views::downgrade_all`]); a hydration
-//!   that was in flight during a gap does not mark its view complete.
-//! - Memory is bounded by a byte budget: each entry is charged its view's bytes plus headroom when inserted, and
-//!   re-inserted (re-weighed) only when it outgrows that charge, so the charge never falls below what is held.
+//!   that was in flight during a gap, or ran while NATS was disconnected, answers its read but leaves the view
+//!   partial.
+//! - Memory is bounded by a byte budget: each entry is charged its view's (and last rendered answer's) bytes plus
+//!   headroom when inserted, and re-inserted (re-weighed) only when it outgrows that charge, so the charge does not
+//!   fall below what is held by more than one event between checks.
 
 use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
