@@ -6,6 +6,8 @@
 #   make services-status  show whether they run
 #   make test             fmt, clippy, tests (with NATS_URL/MONGODB_URI), chart check
 #   make run              the service against the local servers (or scripts/demo.sh)
+#   make bench            the performance targets (worker.md section 7): installs the servers, builds the
+#                         release binary, runs benches/bench.rs (it starts its own servers and workers)
 #
 # `test` and `run` stop, on exit (also on failure or Ctrl-C), exactly the servers
 # that they started themselves; servers that were already running stay up. The
@@ -28,7 +30,7 @@ $(SERVICES) up --started-file "$$started" >&2; \
 eval "$$($(SERVICES) env)"
 endef
 
-.PHONY: services-up services-down services-status test run
+.PHONY: services-up services-down services-status test run bench
 
 services-up:
 	@$(SERVICES) up
@@ -61,3 +63,10 @@ run:
 	else \
 		cargo run --release --bin chat-history-view; \
 	fi
+
+bench:
+	@$(SERVICES) install >&2; \
+	echo "==> cargo build --release --bin chat-history-view" >&2; \
+	cargo build --release --bin chat-history-view; \
+	echo "==> cargo bench --bench bench" >&2; \
+	cargo bench --bench bench

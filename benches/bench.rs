@@ -1,0 +1,112 @@
+//! The project's benchmark: the performance targets of worker.md section 7, each measured as a ratio or a bound
+//! in one run, side by side with its baseline, against real servers. The worker runs as the release binary in its
+//! own process, configured by environment, exactly as it is deployed.
+//!
+//! Run it with `make bench` (installs the servers, builds the binary, then `cargo bench --bench bench`). Settings,
+//! by environment:
+//!
+//! - `BENCH_WORKER_BIN`: the worker binary (default `target/release/chat-history-view`).
+//! - `BENCH_EVENTS_P1` (default 200000) and `BENCH_EVENTS_P5` (default 1000000): events streamed in P1 and P5.
+//! - `BENCH_FULL=1`: P4 also reconstructs a 100k-event thread (several minutes against the local store).
+//! - `BENCH_ONLY=P1,P4`: run only these measurements.
+//!
+//! Each measurement starts its own worker process(es) on its own database; the NATS and Mongo-wire servers are
+//! shared by the run. Progress goes to stderr, the table to stdout.
+
+// The test suite's server guards. Their stop, pause and restart helpers serve the tests, not the benchmark.
+#[path = "../tests/api/servers.rs"]
+#[allow(dead_code)]
+mod servers;
+
+// The bench's own modules live in benches/bench/ (a crate root looks for modules beside itself, and every other
+// file directly in benches/ would become a bench target of its own).
+#[path = "bench/data.rs"]
+mod data;
+#[path = "bench/p1_ingest.rs"]
+mod p1_ingest;
+#[path = "bench/p2_cache_reads.rs"]
+mod p2_cache_reads;
+#[path = "bench/p3_p4_store.rs"]
+mod p3_p4_store;
+#[path = "bench/p5_memory.rs"]
+mod p5_memory;
+#[path = "bench/p6_freshness.rs"]
+mod p6_freshness;
+#[path = "bench/report.rs"]
+mod report;
+#[path = "bench/setup.rs"]
+mod setup;
+#[path = "bench/worker.rs"]
+mod worker;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use report::{Row, progress};
+use setup::{Settings, Setup};
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` (as in `make test`) runs this binary without it,
+    // and there it only proves that the benchmark compiles.
+    if !std::env::args().any(|arg| arg == "--bench") {
+        println!("the benchmark runs under `cargo bench --bench bench` (`make bench`); skipped");
+        return;
+    }
+    let started = Instant::now();
+    let settings = Settings::from_env();
+    report::print_header(&settings);
+    progress("setup", "starting nats-server and SecantusDB");
+    let setup = Arc::new(Setup::start(settings));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the benchmark");
+    let rows = runtime.block_on(run_all(Arc::clone(&setup)));
+    drop(runtime);
+    report::print_table(&rows);
+    println!("total time: {:.0} s", started.elapsed().as_secs_f64());
+}
+
+async fn run_all(setup: Arc<Setup>) -> Vec<Row> {
+    let mut rows = Vec::new();
+    rows.extend(measure(&setup, "P1", p1_ingest::run).await);
+    rows.extend(measure(&setup, "P2", p2_cache_reads::run).await);
+    rows.extend(measure(&setup, "P3", p3_p4_store::run_p3).await);
+    rows.extend(measure(&setup, "P4", p3_p4_store::run_p4).await);
+    rows.extend(measure(&setup, "P5", p5_memory::run).await);
+    rows.extend(measure(&setup, "P6", p6_freshness::run).await);
+    rows
+}
+
+/// Runs one measurement in its own task, so a panic in it (a server or the worker misbehaving) becomes a failed
+/// row and the other measurements still run. Its worker processes are killed as the task unwinds.
+async fn measure<F, Fut>(setup: &Arc<Setup>, id: &'static str, run: F) -> Vec<Row>
+where
+    F: FnOnce(Arc<Setup>) -> Fut,
+    Fut: Future<Output = Vec<Row>> + Send + 'static,
+{
+    if !setup.settings.runs(id) {
+        return Vec::new();
+    }
+    let started = Instant::now();
+    progress(id, "start");
+    let result = tokio::spawn(run(Arc::clone(setup))).await;
+    progress(
+        id,
+        &format!("done in {:.1} s", started.elapsed().as_secs_f64()),
+    );
+    result.unwrap_or_else(|error| {
+        let message = error
+            .try_into_panic()
+            .ok()
+            .and_then(|panic| {
+                panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            })
+            .unwrap_or_else(|| "cancelled".to_owned());
+        vec![Row::failed(id, &message)]
+    })
+}

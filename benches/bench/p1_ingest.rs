@@ -1,0 +1,390 @@
+//! P1: live ingest throughput of the worker against a bare async-nats subscriber receiving the same messages
+//! (target: >= 0.8 of bare and >= 100k events/s), plus the CPU cost of the worker's per-event path in-process.
+//!
+//! The same pre-serialized messages (a marker then chunks, round-robin over the threads, as concurrent
+//! conversations stream) are published as fast as one publisher can, first to a bare subscriber in the bench
+//! process (counting messages, timed from the first publish to the last message received), then to a fresh worker
+//! (timed from the first publish to the scrape of `/metrics` that shows every message received). Five rounds,
+//! each side by side; each side's best rate among the rounds without dropped messages counts (the machine is
+//! shared, so the best round is the one least disturbed), and every round is shown.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::{ConnectOptions, Event};
+use chat_history_view::decode::{Decoded, decode_payload};
+use chat_history_view::subject::DeliveryKey;
+use chat_history_view::view::ThreadView;
+use futures_util::StreamExt;
+
+use crate::data::{self, Message};
+use crate::report::{Row, fmt_count, progress};
+use crate::setup::Setup;
+
+const THREADS: usize = 1000;
+const ROUNDS: usize = 5;
+/// How often the worker's event counter is scraped; its finishing time is known to within this (plus a scrape).
+const POLL: Duration = Duration::from_millis(20);
+/// A side that receives nothing for this long has lost the missing messages (a slow consumer drop).
+const STALL: Duration = Duration::from_secs(3);
+
+/// One side's result.
+#[derive(Debug, Clone, Copy)]
+struct Ingested {
+    received: u64,
+    elapsed: Duration,
+    /// Slow-consumer events the side's NATS client reported (each one is a batch of dropped messages).
+    slow_consumer: u64,
+}
+
+impl Ingested {
+    fn rate(&self) -> f64 {
+        self.received as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// One round: the bare subscriber, then the worker, on the same messages.
+struct Round {
+    bare: Ingested,
+    worker: Ingested,
+    /// How fast the publisher went while feeding the worker.
+    publish_rate: f64,
+    /// CPU time the worker process used in the round (every thread: NATS client, ingest, HTTP, cache upkeep).
+    worker_cpu: Duration,
+}
+
+impl Round {
+    fn ratio(&self) -> f64 {
+        self.worker.rate() / self.bare.rate()
+    }
+
+    fn complete(&self, n: usize) -> bool {
+        self.bare.received == n as u64 && self.worker.received == n as u64
+    }
+
+    fn describe(&self, n: usize) -> String {
+        let dropped = |side: &Ingested| {
+            if side.received < n as u64 {
+                format!(
+                    " ({} DROPPED, {} slow-consumer events)",
+                    n as u64 - side.received,
+                    side.slow_consumer
+                )
+            } else {
+                String::new()
+            }
+        };
+        format!(
+            "bare {}/s{}, worker {}/s{} = {:.2}x; worker CPU {:.1} µs/event; publisher to worker {}/s",
+            fmt_count(self.bare.rate()),
+            dropped(&self.bare),
+            fmt_count(self.worker.rate()),
+            dropped(&self.worker),
+            self.ratio(),
+            self.worker_cpu.as_secs_f64() * 1e6 / self.worker.received.max(1) as f64,
+            fmt_count(self.publish_rate)
+        )
+    }
+}
+
+pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
+    let n = setup.settings.events_p1;
+    let threads = THREADS.min(n).max(1);
+    progress(
+        "P1",
+        &format!("serializing {n} events over {threads} threads"),
+    );
+    let messages: Arc<[Message]> = live_messages(n, threads).into();
+    let bytes: usize = messages
+        .iter()
+        .map(|m| m.subject.len() + m.payload.len())
+        .sum();
+    progress(
+        "P1",
+        &format!(
+            "{:.0} MiB of subjects and payloads",
+            bytes as f64 / (1 << 20) as f64
+        ),
+    );
+
+    let mut rounds = Vec::new();
+    for number in 1..=ROUNDS {
+        let bare = bare_subscriber(&setup, &messages).await;
+        let (worker, published_in, worker_cpu) = worker_ingest(&setup, &messages, number).await;
+        let round = Round {
+            bare,
+            worker,
+            publish_rate: n as f64 / published_in.as_secs_f64(),
+            worker_cpu,
+        };
+        progress("P1", &format!("round {number}: {}", round.describe(n)));
+        rounds.push(round);
+    }
+
+    progress(
+        "P1",
+        "in-process pipeline: parse_subject + decode_payload + ThreadView::insert",
+    );
+    let path = PathCost::measure(&messages);
+
+    // Each side's best round is its capability with the least interference from the rest of the machine.
+    let complete: Vec<&Round> = rounds.iter().filter(|r| r.complete(n)).collect();
+    let best_rate =
+        |side: fn(&Round) -> &Ingested| complete.iter().map(|r| side(r).rate()).fold(0.0, f64::max);
+    let (bare, worker) = (best_rate(|r| &r.bare), best_rate(|r| &r.worker));
+    let mut ratios: Vec<f64> = rounds.iter().map(Round::ratio).collect();
+    ratios.sort_by(f64::total_cmp);
+    let verdict = if complete.is_empty() {
+        Row::check(
+            "P1",
+            "live ingest vs bare async-nats subscriber",
+            format!("every round dropped messages ({ROUNDS} rounds of {n} events)"),
+            ">= 0.8x bare; >= 100k/s",
+            false,
+        )
+    } else {
+        Row::check(
+            "P1",
+            "live ingest vs bare async-nats subscriber",
+            format!(
+                "worker {}/s = {:.2}x bare ({}/s): best round of each side, {} of {ROUNDS} rounds without drops; \
+                 median per-round ratio {:.2}x",
+                fmt_count(worker),
+                worker / bare,
+                fmt_count(bare),
+                complete.len(),
+                ratios[ratios.len() / 2],
+            ),
+            ">= 0.8x bare; >= 100k/s",
+            worker / bare >= 0.8 && worker >= 100_000.0,
+        )
+    };
+    let mut rows = vec![verdict];
+    rows.extend(
+        rounds
+            .iter()
+            .enumerate()
+            .map(|(i, round)| Row::info("P1", format!("round {}", i + 1), round.describe(n))),
+    );
+    rows.push(Row::info(
+        "P1",
+        "how the worker's time is taken",
+        format!(
+            "first publish to the /metrics scrape showing all {n} (an upper bound: scraped every {} ms)",
+            POLL.as_millis()
+        ),
+    ));
+    rows.push(Row::info(
+        "P1",
+        "per-event CPU path, in-process, one core",
+        format!(
+            "{}/s = {:.2} µs/event: parse_subject {:.2} + decode_payload {:.2} + ThreadView::insert {:.2}",
+            fmt_count(1e6 / path.total()),
+            path.total(),
+            path.parse,
+            path.decode,
+            path.insert
+        ),
+    ));
+    rows
+}
+
+/// `n` messages, round-robin over `threads` threads: each thread's first event is its marker, the rest chunks.
+fn live_messages(n: usize, threads: usize) -> Vec<Message> {
+    (0..n)
+        .map(|i| {
+            let (t, seq) = (i % threads, i / threads);
+            let thread = format!("p1-t{t:05}");
+            let display = data::display(&thread, 0, 1);
+            let row = if seq == 0 {
+                data::marker(&thread, &display, seq)
+            } else {
+                data::chunk(&thread, &display, seq)
+            };
+            Message::from_row(&row)
+        })
+        .collect()
+}
+
+/// Publishes every message as fast as the client takes them, then flushes. Returns how long it took.
+async fn publish_all(client: async_nats::Client, messages: Arc<[Message]>) -> Duration {
+    let started = Instant::now();
+    for message in messages.iter() {
+        message.publish(&client).await;
+    }
+    client.flush().await.expect("flush the publisher");
+    started.elapsed()
+}
+
+/// A client whose slow-consumer events are counted in the returned counter.
+async fn counting_client(setup: &Setup) -> (async_nats::Client, Arc<AtomicU64>) {
+    let slow = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&slow);
+    let client = ConnectOptions::new()
+        .event_callback(move |event| {
+            let counter = Arc::clone(&counter);
+            async move {
+                if matches!(event, Event::SlowConsumer(_)) {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .connect(setup.nats_url())
+        .await
+        .expect("the bare subscriber connects");
+    (client, slow)
+}
+
+/// Phase A: a bare subscriber (its own connection, the worker's subject and default capacity) counts messages.
+async fn bare_subscriber(setup: &Setup, messages: &Arc<[Message]>) -> Ingested {
+    let (client, slow) = counting_client(setup).await;
+    let mut subscriber = client
+        .subscribe(chat_history_view::config::DEFAULT_SUBJECT)
+        .await
+        .expect("the bare subscriber subscribes");
+    client
+        .flush()
+        .await
+        .expect("the subscription is registered before publishing");
+    let expected = messages.len() as u64;
+    let receiver = tokio::spawn(async move {
+        let mut received = 0u64;
+        let mut last = None;
+        while received < expected {
+            match tokio::time::timeout(STALL, subscriber.next()).await {
+                Ok(Some(_message)) => {
+                    received += 1;
+                    last = Some(Instant::now());
+                }
+                _ => break,
+            }
+        }
+        (received, last)
+    });
+    let publisher = setup.nats_client().await;
+    let started = Instant::now();
+    let publishing = tokio::spawn(publish_all(publisher, Arc::clone(messages)));
+    let (received, last) = receiver.await.expect("the bare subscriber task");
+    publishing.await.expect("the publisher task");
+    Ingested {
+        received,
+        elapsed: last.map_or(Duration::ZERO, |last| last - started),
+        slow_consumer: slow.load(Ordering::Relaxed),
+    }
+}
+
+/// Phase B: the same publish to a fresh worker, finished when its events counter (every outcome) reaches `n`.
+async fn worker_ingest(
+    setup: &Setup,
+    messages: &Arc<[Message]>,
+    round: usize,
+) -> (Ingested, Duration, Duration) {
+    let worker = setup.start_worker(&format!("bench_p1_{round}"), &[]).await;
+    let expected = messages.len() as u64;
+    let publisher = setup.nats_client().await;
+    let cpu_before = worker.cpu_time();
+    let started = Instant::now();
+    let publishing = tokio::spawn(publish_all(publisher, Arc::clone(messages)));
+    let mut received = 0;
+    let mut last_progress = Instant::now();
+    let finished = loop {
+        let scrape = worker.metrics().await;
+        let now = Instant::now();
+        let count = scrape.events_received();
+        if count >= expected {
+            break now;
+        }
+        if count > received {
+            received = count;
+            last_progress = now;
+        } else if now - last_progress > STALL {
+            break last_progress;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let published_in = publishing.await.expect("the publisher task");
+    let cpu = worker.cpu_time().saturating_sub(cpu_before);
+    let scrape = worker.metrics().await;
+    let ingested = Ingested {
+        received: scrape.events_received(),
+        elapsed: finished - started,
+        slow_consumer: scrape.connection_events("slow_consumer"),
+    };
+    (ingested, published_in, cpu)
+}
+
+/// The worker's per-event CPU work without NATS or the cache, in µs per event, step by step: subject → key,
+/// payload → event, insert into the thread's view. Each step is the difference of two cumulative passes, best of
+/// three.
+struct PathCost {
+    parse: f64,
+    decode: f64,
+    insert: f64,
+}
+
+impl PathCost {
+    fn measure(messages: &[Message]) -> Self {
+        let parse = best_of_three(messages, parse_pass);
+        let decode = best_of_three(messages, decode_pass);
+        let insert = best_of_three(messages, insert_pass);
+        Self {
+            parse,
+            decode: decode - parse,
+            insert: insert - decode,
+        }
+    }
+
+    fn total(&self) -> f64 {
+        self.parse + self.decode + self.insert
+    }
+}
+
+/// µs per message of the fastest of three runs of `pass`; what it returns is dropped outside the timing.
+fn best_of_three<T>(messages: &[Message], pass: fn(&[Message]) -> T) -> f64 {
+    (0..3)
+        .map(|_| {
+            let started = Instant::now();
+            let output = std::hint::black_box(pass(messages));
+            let elapsed = started.elapsed();
+            drop(output);
+            elapsed.as_secs_f64() * 1e6 / messages.len() as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn key(message: &Message) -> DeliveryKey {
+    DeliveryKey::parse_subject(message.subject.as_str()).expect("bench subjects parse")
+}
+
+fn decode(message: &Message) -> Decoded {
+    decode_payload(key(message), &message.payload).expect("bench payloads are JSON")
+}
+
+// The passes keep what they build, as the worker does, so freeing it is not timed.
+fn parse_pass(messages: &[Message]) -> Vec<DeliveryKey> {
+    messages.iter().map(key).collect()
+}
+
+fn decode_pass(messages: &[Message]) -> Vec<Decoded> {
+    messages.iter().map(decode).collect()
+}
+
+fn insert_pass(messages: &[Message]) -> HashMap<String, ThreadView> {
+    let mut views: HashMap<String, ThreadView> = HashMap::new();
+    for message in messages {
+        if let Decoded::Event(event) = decode(message) {
+            // The worker's `Views::apply` also owns the thread id per event.
+            let thread = event.key.thread_id().to_owned();
+            views.entry(thread).or_default().insert(event);
+        }
+    }
+    let held: usize = views.values().map(ThreadView::len).sum();
+    assert_eq!(
+        held,
+        messages.len(),
+        "every bench event is relevant and distinct"
+    );
+    views
+}

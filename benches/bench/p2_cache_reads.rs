@@ -1,0 +1,182 @@
+//! P2: cache-hit reads of a 200-message thread (100 user and 100 assistant turns: markers and chunks alternating on
+//! one display) by 32 concurrent clients (target: p99 <= 1 ms, >= 20k req/s).
+//!
+//! The thread is stored, read once (hydrated from the store), then read by 32 tasks, each with its own HTTP
+//! client and connection, as fast as they can: 1 s of warm-up, 5 s measured. The load generator runs on the same
+//! two cores as the worker, so the worker's CPU time per request is reported too; one client alone gives the
+//! latency without contention.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::data::Conversation;
+use crate::report::{Row, fmt_count, fmt_duration, progress, quantile};
+use crate::setup::Setup;
+use crate::worker::{self, Worker};
+
+const CLIENTS: usize = 32;
+const WARM_UP: Duration = Duration::from_secs(1);
+const MEASURED: Duration = Duration::from_secs(5);
+const THREAD: &str = "p2-thread";
+const SHAPE: Conversation = Conversation {
+    turns: 100,
+    events_per_turn: 2,
+    displays: 1,
+};
+
+/// The result of one load run.
+struct Load {
+    /// Latency of every request started in the measured window, sorted.
+    latencies: Vec<Duration>,
+    /// Answers that were not a 200 from the cache.
+    unexpected: usize,
+    worker_cpu: Duration,
+    bench_cpu: Duration,
+}
+
+impl Load {
+    fn rate(&self) -> f64 {
+        self.latencies.len() as f64 / MEASURED.as_secs_f64()
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "p50 {}, p99 {}, {} req/s",
+            fmt_duration(quantile(&self.latencies, 0.5)),
+            fmt_duration(quantile(&self.latencies, 0.99)),
+            fmt_count(self.rate())
+        )
+    }
+
+    /// CPU per request of the worker and of the bench, and their share of the machine's cores.
+    fn cpu_split(&self) -> String {
+        let requests = self.latencies.len().max(1) as f64;
+        let cores = MEASURED.as_secs_f64();
+        format!(
+            "worker {:.0} µs CPU/req ({:.2} cores), load generator {:.0} µs CPU/req ({:.2} cores)",
+            self.worker_cpu.as_secs_f64() * 1e6 / requests,
+            self.worker_cpu.as_secs_f64() / cores,
+            self.bench_cpu.as_secs_f64() * 1e6 / requests,
+            self.bench_cpu.as_secs_f64() / cores,
+        )
+    }
+}
+
+pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
+    let store = setup.store("bench_p2").await;
+    store.insert(&SHAPE.rows(THREAD)).await;
+    let worker = setup.start_worker("bench_p2", &[]).await;
+    let first = worker.history(THREAD).await;
+    assert_eq!(
+        (first.status, first.source.as_str()),
+        (200, "store"),
+        "the first read hydrates from the store"
+    );
+    assert_eq!(
+        first.message_count(),
+        SHAPE.messages(),
+        "the thread has 200 messages"
+    );
+    let body_bytes = first.body.len();
+    let second = worker.history(THREAD).await;
+    assert_eq!(second.source, "cache", "the second read is a cache hit");
+
+    progress("P2", "1 client");
+    let single = load(&worker, 1).await;
+    progress("P2", &format!("1 client: {}", single.summary()));
+    progress("P2", &format!("{CLIENTS} clients"));
+    let loaded = load(&worker, CLIENTS).await;
+    progress("P2", &format!("{CLIENTS} clients: {}", loaded.summary()));
+
+    let p99 = quantile(&loaded.latencies, 0.99);
+    vec![
+        Row::check(
+            "P2",
+            format!(
+                "cache-hit read, 200 messages ({} KiB), {CLIENTS} clients",
+                body_bytes / 1024
+            ),
+            format!(
+                "{}{}",
+                loaded.summary(),
+                if loaded.unexpected > 0 {
+                    format!("; {} answers not 200/cache", loaded.unexpected)
+                } else {
+                    String::new()
+                }
+            ),
+            "p99 <= 1 ms; >= 20k req/s",
+            loaded.unexpected == 0 && p99 <= Duration::from_millis(1) && loaded.rate() >= 20_000.0,
+        ),
+        Row::info(
+            "P2",
+            "CPU split at 32 clients (2 shared cores)",
+            loaded.cpu_split(),
+        ),
+        Row::info(
+            "P2",
+            "closed loop: mean latency = clients / rate",
+            format!(
+                "{CLIENTS} / {}/s = {}: a p99 <= 1 ms needs well over {}k req/s",
+                fmt_count(loaded.rate()),
+                fmt_duration(Duration::from_secs_f64(
+                    CLIENTS as f64 / loaded.rate().max(1.0)
+                )),
+                CLIENTS
+            ),
+        ),
+        Row::info("P2", "same read, 1 client", single.summary()),
+    ]
+}
+
+/// `clients` tasks read the thread in a loop; requests started in the measured window are recorded.
+async fn load(worker: &Worker, clients: usize) -> Load {
+    let url = format!("{}/v1/threads/{THREAD}/history", worker.base_url());
+    let measure_from = Instant::now() + WARM_UP;
+    let until = measure_from + MEASURED;
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                let mut latencies = Vec::new();
+                let mut unexpected = 0;
+                loop {
+                    let started = Instant::now();
+                    if started >= until {
+                        break;
+                    }
+                    let reply = worker::get(&http, &url).await;
+                    let latency = started.elapsed();
+                    if started >= measure_from {
+                        latencies.push(latency);
+                        if reply.status != 200 || reply.source != "cache" {
+                            unexpected += 1;
+                        }
+                    }
+                }
+                (latencies, unexpected)
+            })
+        })
+        .collect();
+    tokio::time::sleep_until(measure_from.into()).await;
+    let (worker_cpu, bench_cpu) = (worker.cpu_time(), worker::cpu_time("self"));
+    tokio::time::sleep_until(until.into()).await;
+    let (worker_cpu, bench_cpu) = (
+        worker.cpu_time().saturating_sub(worker_cpu),
+        worker::cpu_time("self").saturating_sub(bench_cpu),
+    );
+    let mut result = Load {
+        latencies: Vec::new(),
+        unexpected: 0,
+        worker_cpu,
+        bench_cpu,
+    };
+    for task in tasks {
+        let (latencies, unexpected) = task.await.expect("a load client task");
+        result.latencies.extend(latencies);
+        result.unexpected += unexpected;
+    }
+    result.latencies.sort();
+    result
+}

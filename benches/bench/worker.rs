@@ -1,0 +1,294 @@
+//! The worker under test: the release binary as a child process, configured by environment, on a port the bench
+//! picks; HTTP helpers for it; its memory and CPU time from `/proc`.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::setup::Setup;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running worker process; killed (and its log removed) on drop.
+pub struct Worker {
+    child: Child,
+    base_url: String,
+    http: reqwest::Client,
+    dir: PathBuf,
+}
+
+/// One HTTP answer of the worker.
+pub struct Reply {
+    pub status: u16,
+    /// The `X-History-Source` header (`cache` or `store`), empty when absent.
+    pub source: String,
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// The number of history messages in the body.
+    pub fn message_count(&self) -> usize {
+        serde_json::from_slice::<serde_json::Value>(&self.body)
+            .ok()
+            .and_then(|body| body["messages"].as_array().map(Vec::len))
+            .unwrap_or(0)
+    }
+
+    pub fn contains(&self, needle: &[u8]) -> bool {
+        self.body
+            .windows(needle.len())
+            .any(|window| window == needle)
+    }
+}
+
+/// Resident memory of a process, from `/proc/<pid>/status`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Memory {
+    /// VmRSS: resident now.
+    pub rss_kib: u64,
+    /// VmHWM: the peak resident size since the process started.
+    pub hwm_kib: u64,
+}
+
+impl Worker {
+    /// Starts the binary against the run's servers on `database` and waits until `/readyz` answers 200.
+    ///
+    /// Defaults: the index hint disabled (see `p3_p4_store`), a 256 MiB cache, JSON logs at `warn`. `env` overrides
+    /// them or sets more. `HISTORY_VIEW_*` variables of the bench's own environment are not passed on.
+    pub async fn start(setup: &Setup, database: &str, env: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("chv-bench-worker-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir for the worker log");
+        let log = std::fs::File::create(dir.join("worker.log")).expect("the worker log file");
+        let mut command = Command::new(&setup.settings.worker_bin);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("HISTORY_VIEW_") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .env("HISTORY_VIEW_NATS_URL", setup.nats_url())
+            .env("HISTORY_VIEW_MONGODB_URI", setup.mongo_uri())
+            .env("HISTORY_VIEW_MONGODB_DATABASE", database)
+            .env("HISTORY_VIEW_LISTEN", format!("127.0.0.1:{port}"))
+            .env("HISTORY_VIEW_CACHE_MAX_BYTES", "256MiB")
+            .env("HISTORY_VIEW_MONGODB_INDEX_HINT", "")
+            .env("HISTORY_VIEW_LOG_FORMAT", "json")
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("a second handle on the worker log"))
+            .stderr(log);
+        let child = command.spawn().unwrap_or_else(|e| {
+            panic!(
+                "cannot start the worker {}: {e}",
+                setup.settings.worker_bin.display()
+            )
+        });
+        let mut worker = Self {
+            child,
+            base_url: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::new(),
+            dir,
+        };
+        worker.wait_ready().await;
+        worker
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(response) = self
+                .http
+                .get(format!("{}/readyz", self.base_url))
+                .send()
+                .await
+                && response.status().is_success()
+            {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the worker exited with {status} before it was ready:\n{}",
+                    self.log_tail()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the worker was not ready within {READY_TIMEOUT:?}:\n{}",
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The last lines the worker logged (it logs at `warn`, so usually nothing).
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("worker.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        get(&self.http, &format!("{}{path}", self.base_url)).await
+    }
+
+    /// `GET /v1/threads/{thread}/history` (bench thread ids need no escaping).
+    pub async fn history(&self, thread: &str) -> Reply {
+        self.get(&format!("/v1/threads/{thread}/history")).await
+    }
+
+    pub async fn metrics(&self) -> Scrape {
+        let reply = self.get("/metrics").await;
+        assert_eq!(reply.status, 200, "GET /metrics");
+        Scrape(String::from_utf8_lossy(&reply.body).into_owned())
+    }
+
+    pub fn memory(&self) -> Memory {
+        memory(self.pid())
+    }
+
+    /// User plus system CPU time the worker has used.
+    pub fn cpu_time(&self) -> Duration {
+        cpu_time(&self.pid().to_string())
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // SIGKILL: nothing of the worker's state outlives a measurement.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A GET through `http`, body read in full. Panics (with the URL) when the worker does not answer at all.
+pub async fn get(http: &reqwest::Client, url: &str) -> Reply {
+    let response = http
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let status = response.status().as_u16();
+    let source = response
+        .headers()
+        .get("x-history-source")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = response
+        .bytes()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: reading the body: {e}"));
+    Reply {
+        status,
+        source,
+        body,
+    }
+}
+
+/// A Prometheus text scrape of the worker.
+pub struct Scrape(String);
+
+impl Scrape {
+    /// Sum of every sample of a metric family (all label sets).
+    pub fn sum(&self, name: &str) -> f64 {
+        self.0
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// One sample, e.g. `history_view_events_total{outcome="relevant"}`; 0 when absent.
+    pub fn sample(&self, sample: &str) -> f64 {
+        self.0
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .and_then(|rest| rest.trim().parse::<f64>().ok())
+            })
+            .unwrap_or(0.0)
+    }
+
+    /// Messages the worker took from NATS (every outcome).
+    pub fn events_received(&self) -> u64 {
+        self.sum("history_view_events_total") as u64
+    }
+
+    /// NATS connection events of one kind (`slow_consumer`, `disconnected`, ...).
+    pub fn connection_events(&self, event: &str) -> u64 {
+        self.sample(&format!(
+            "history_view_nats_connection_events_total{{event=\"{event}\"}}"
+        )) as u64
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free local port for the worker")
+}
+
+/// VmRSS and VmHWM of `pid` (zero once it has exited).
+pub fn memory(pid: u32) -> Memory {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    Memory {
+        rss_kib: field("VmRSS:"),
+        hwm_kib: field("VmHWM:"),
+    }
+}
+
+/// User plus system CPU time of `/proc/<pid>` (`pid` may be `self`).
+pub fn cpu_time(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (field 2) may contain spaces; fields after its closing parenthesis are plain.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15 of the line; after the command name, field 3 (state) is index 0.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second())
+}
+
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: OnceLock<f64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|out| String::from_utf8(out.stdout).ok()?.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
