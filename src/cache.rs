@@ -4,7 +4,8 @@
 //! - A read of a `Complete` view is answered from memory. A read of a partial or absent view hydrates it from the
 //!   store once (concurrent readers wait for the same hydration), merges the live events held (including those
 //!   that arrived during the hydration) and marks it complete.
-//! - A possible gap in the live stream downgrades every view to partial ([`Views::downgrade_all`]); a hydration
+//! - A possible gap in the live stream downgrades every view to partial at once ([`Views::downgrade_all`] bumps a
+//!   gap generation that views compare with the one they were completed at); a hydration
 //!   that was in flight during a gap, or ran while NATS was disconnected, answers its read but leaves the view
 //!   partial.
 //! - Memory is bounded by a byte budget: each entry is charged its view's (and last rendered answer's) bytes plus
@@ -52,6 +53,8 @@ pub struct Views {
 
 /// One cached thread.
 struct Entry {
+    /// The cache key, kept so that live inserts need not copy it from each event.
+    thread_id: Box<str>,
     view: Mutex<ThreadView>,
     /// Held while hydrating, so concurrent readers of a partial view share one store query.
     hydration: tokio::sync::Mutex<()>,
@@ -80,8 +83,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Entry {
-    fn new() -> Self {
+    fn new(thread_id: &str) -> Self {
         Self {
+            thread_id: thread_id.into(),
             view: Mutex::new(ThreadView::new()),
             hydration: tokio::sync::Mutex::new(()),
             failed_hydrations: AtomicU64::new(0),
@@ -201,11 +205,10 @@ impl Views {
 
     /// Applies one live event to its thread's view, creating a partial view for a thread not held.
     pub async fn apply(&self, event: ViewEvent) -> Inserted {
-        let thread_id = event.key.thread_id().to_owned();
-        let entry = self.entry(&thread_id).await;
+        let entry = self.entry(event.key.thread_id()).await;
         let inserted = lock(&entry.view).insert(event);
         if entry.outgrew_charge() {
-            self.reweigh(&entry, &thread_id).await;
+            self.reweigh(&entry, &entry.thread_id).await;
         }
         inserted
     }
@@ -251,9 +254,9 @@ impl Views {
             let gap_free = live_before
                 && self.live.load(Ordering::Acquire)
                 && self.gaps.load(Ordering::Acquire) == gaps_before;
-            if !gap_free {
-                // Answer from what was read, but hydrate again on the next read.
-                view.downgrade();
+            // Otherwise answer from what was read, but hydrate again on the next read.
+            if gap_free {
+                view.mark_complete(gaps_before);
             }
             entry.render(&view, thread_id, primary, Source::Store, &self.metrics)
         };
@@ -267,16 +270,12 @@ impl Views {
         self.live.store(live, Ordering::Release);
     }
 
-    /// Marks every view partial after a possible gap in the live stream. Returns how many were complete.
-    pub fn downgrade_all(&self) -> u64 {
+    /// Marks every view partial after a possible gap in the live stream.
+    ///
+    /// O(1): it bumps the gap generation, which every view compares with the one it was completed at. The views
+    /// are counted as downgraded when a read finds them so.
+    pub fn downgrade_all(&self) {
         self.gaps.fetch_add(1, Ordering::AcqRel);
-        let downgraded = self
-            .cache
-            .iter()
-            .filter(|(_, entry)| lock(&entry.view).downgrade())
-            .count() as u64;
-        self.metrics.views_downgraded(downgraded);
-        downgraded
     }
 
     /// Updates the cache size gauges (called before a metrics scrape).
@@ -295,7 +294,7 @@ impl Views {
     /// The state of a thread's view, if the cache holds one.
     pub async fn state(&self, thread_id: &str) -> Option<ViewState> {
         let entry = self.cache.get(thread_id).await?;
-        let state = lock(&entry.view).state();
+        let state = lock(&entry.view).state(self.gaps.load(Ordering::Acquire));
         Some(state)
     }
 
@@ -306,9 +305,15 @@ impl Views {
         primary: Option<&Identity>,
         source: Source,
     ) -> Option<Answer> {
-        let view = lock(&entry.view);
-        (view.state() == ViewState::Complete)
-            .then(|| entry.render(&view, thread_id, primary, source, &self.metrics))
+        let mut view = lock(&entry.view);
+        if view.state(self.gaps.load(Ordering::Acquire)) == ViewState::Complete {
+            return Some(entry.render(&view, thread_id, primary, source, &self.metrics));
+        }
+        // Complete as of an older generation: a gap happened since.
+        if view.downgrade() {
+            self.metrics.views_downgraded(1);
+        }
+        None
     }
 
     async fn entry(&self, thread_id: &str) -> Arc<Entry> {
@@ -316,7 +321,7 @@ impl Views {
             return entry;
         }
         self.cache
-            .get_with_by_ref(thread_id, async { Arc::new(Entry::new()) })
+            .get_with_by_ref(thread_id, async { Arc::new(Entry::new(thread_id)) })
             .await
     }
 

@@ -165,8 +165,10 @@ impl Ingest {
                 Event::Draining => ("draining", false),
             };
             self.metrics.nats_connection_event(label);
-            let downgraded = if gap { self.views.downgrade_all() } else { 0 };
-            tracing::info!(event = %event, downgraded_views = downgraded, "NATS connection event");
+            if gap {
+                self.views.downgrade_all();
+            }
+            tracing::info!(event = %event, views_downgraded = gap, "NATS connection event");
         }
     }
 }

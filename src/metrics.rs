@@ -1,6 +1,7 @@
 //! `Metrics`: the service's Prometheus metrics on its own registry (never the global one), with typed handles.
 //! Label values come from closed sets (the enums below), never from ids.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{
@@ -24,6 +25,15 @@ pub enum EventOutcome {
 }
 
 impl EventOutcome {
+    /// Every outcome, in declaration order (the order of `Inner::events`).
+    const ALL: [EventOutcome; 5] = [
+        EventOutcome::Relevant,
+        EventOutcome::Irrelevant,
+        EventOutcome::Duplicate,
+        EventOutcome::Malformed,
+        EventOutcome::BadSubject,
+    ];
+
     fn label(self) -> &'static str {
         match self {
             EventOutcome::Relevant => "relevant",
@@ -69,11 +79,16 @@ impl Source {
     }
 }
 
-/// Handles to every metric; cloning is cheap (each handle is an `Arc`).
+/// Handles to every metric; cloning is cheap (one `Arc`).
 #[derive(Clone)]
 pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     registry: Registry,
-    events: IntCounterVec,
+    /// `history_view_events_total` resolved per outcome once, so counting an event is one atomic add.
+    events: [IntCounter; 5],
     cache_hits: IntCounter,
     cache_misses: IntCounter,
     hydrations: IntCounterVec,
@@ -120,15 +135,16 @@ impl Metrics {
             )
             .expect("valid metric")
         };
-        Self {
-            events: reg(
-                &registry,
-                counter_vec(
-                    "history_view_events_total",
-                    "NATS messages received, by outcome",
-                    &["outcome"],
-                ),
+        let events = reg(
+            &registry,
+            counter_vec(
+                "history_view_events_total",
+                "NATS messages received, by outcome",
+                &["outcome"],
             ),
+        );
+        let inner = Inner {
+            events: EventOutcome::ALL.map(|outcome| events.with_label_values(&[outcome.label()])),
             cache_hits: reg(
                 &registry,
                 counter(
@@ -223,39 +239,47 @@ impl Metrics {
                 ),
             ),
             registry,
+        };
+        Self {
+            inner: Arc::new(inner),
         }
     }
 
     pub fn event(&self, outcome: EventOutcome) {
-        self.events.with_label_values(&[outcome.label()]).inc();
+        self.inner.events[outcome as usize].inc();
     }
     pub fn cache_hit(&self) {
-        self.cache_hits.inc();
+        self.inner.cache_hits.inc();
     }
     pub fn cache_miss(&self) {
-        self.cache_misses.inc();
+        self.inner.cache_misses.inc();
     }
     pub fn hydration(&self, ok: bool) {
-        self.hydrations
+        self.inner
+            .hydrations
             .with_label_values(&[if ok { "ok" } else { "error" }])
             .inc();
     }
     pub fn views_downgraded(&self, count: u64) {
-        self.views_downgraded.inc_by(count);
+        self.inner.views_downgraded.inc_by(count);
     }
     pub fn cache_size(&self, entries: u64, weighted_bytes: u64) {
-        self.cache_entries
+        self.inner
+            .cache_entries
             .set(i64::try_from(entries).unwrap_or(i64::MAX));
-        self.cache_weighted_bytes
+        self.inner
+            .cache_weighted_bytes
             .set(i64::try_from(weighted_bytes).unwrap_or(i64::MAX));
     }
     pub fn store_query(&self, stage: Stage, elapsed: Duration) {
-        self.store_query_seconds
+        self.inner
+            .store_query_seconds
             .with_label_values(&[stage.label()])
             .observe(elapsed.as_secs_f64());
     }
     pub fn read(&self, source: Source, elapsed: Duration) {
-        self.read_seconds
+        self.inner
+            .read_seconds
             .with_label_values(&[source.label()])
             .observe(elapsed.as_secs_f64());
     }
@@ -266,25 +290,26 @@ impl Metrics {
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
         // Test fixtures and clock skew give lags below zero or absurdly large; both are clamped rather than dropped.
         let lag = (now.saturating_sub(created_at_ns)).max(0) as f64 / 1e9;
-        self.ingest_lag_seconds.observe(lag);
+        self.inner.ingest_lag_seconds.observe(lag);
     }
     pub fn nats_connection_event(&self, event: &'static str) {
-        self.nats_connection_events
+        self.inner
+            .nats_connection_events
             .with_label_values(&[event])
             .inc();
     }
     pub fn index_hint_fallback(&self) {
-        self.index_hint_fallbacks.inc();
+        self.inner.index_hint_fallbacks.inc();
     }
     pub fn malformed_warnings(&self, count: usize) {
-        self.malformed_warnings.inc_by(count as u64);
+        self.inner.malformed_warnings.inc_by(count as u64);
     }
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buffer = Vec::new();
         // Encoding into a Vec cannot fail for the text format.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
+        let _ = TextEncoder::new().encode(&self.inner.registry.gather(), &mut buffer);
         String::from_utf8(buffer).unwrap_or_default()
     }
 }

@@ -14,11 +14,16 @@ use crate::subject::DeliveryKey;
 /// Whether a view can answer a read on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ViewState {
-    /// Holds only events that arrived live; a read must hydrate it from the store first.
+    /// May miss events (it holds only what arrived live, or a gap happened since it was hydrated); a read must
+    /// hydrate it from the store first.
     Partial,
     /// Holds everything the store held when it was hydrated plus every live event since, with no gap.
     Complete,
 }
+
+/// The live stream's gap count when a view was marked complete. A gap anywhere bumps the cache's count, which
+/// makes every view complete at an older count partial at once, without visiting them.
+pub type Generation = u64;
 
 /// What inserting one event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +50,8 @@ pub struct ThreadView {
     key_hashes: HashSet<u64>,
     /// Approximate heap and inline bytes held, for the cache's byte budget.
     bytes: usize,
-    state: ViewState,
+    /// The gap generation at which the view became complete; `None` while partial.
+    complete_at: Option<Generation>,
     /// Displays the last hydration fetched from the store (those visible then). A marker landing live on any other
     /// display may reveal events persisted before that hydration, which the view never fetched, so it makes the
     /// view partial again.
@@ -61,7 +67,7 @@ impl Default for ThreadView {
             rejected: Vec::new(),
             key_hashes: HashSet::new(),
             bytes: VIEW_OVERHEAD_BYTES,
-            state: ViewState::Partial,
+            complete_at: None,
             covered: HashSet::new(),
             version: 0,
         }
@@ -74,6 +80,11 @@ fn key_hash(key: &DeliveryKey) -> u64 {
     hasher.finish()
 }
 
+/// The projection order of a validated event.
+fn sort_key(event: &ViewEvent) -> (i64, &DeliveryKey) {
+    (event.created_at.unwrap_or(i64::MIN), &event.key)
+}
+
 fn event_bytes(event: &ViewEvent) -> usize {
     std::mem::size_of::<ViewEvent>() + event.heap_bytes() + KEY_HASH_BYTES
 }
@@ -84,8 +95,9 @@ impl ThreadView {
         Self::default()
     }
 
-    /// A complete view from the store's rows (in store order) for the `covered` displays, merged with the live
-    /// events of `live`, which the store may not have yet. Duplicates across the two count once.
+    /// A view from the store's rows (in store order) for the `covered` displays, merged with the live events of
+    /// `live`, which the store may not have yet. Duplicates across the two count once. It is partial until the
+    /// caller marks it complete (it alone knows whether the live stream had a gap meanwhile).
     pub fn hydrated(
         store_events: impl IntoIterator<Item = ViewEvent>,
         covered: impl IntoIterator<Item = String>,
@@ -98,7 +110,6 @@ impl ThreadView {
         view.merge(live);
         view.covered = covered.into_iter().map(String::into_boxed_str).collect();
         view.bytes += view.covered.iter().map(|d| d.len() + 32).sum::<usize>();
-        view.state = ViewState::Complete;
         view.version = live.version + 1;
         view
     }
@@ -113,19 +124,23 @@ impl ThreadView {
     /// Inserts one event in projection order. An event whose delivery key the view already holds (among events of
     /// the same validity) is a duplicate and is dropped: the first delivery wins, as in aihub's dedup.
     pub fn insert(&mut self, event: ViewEvent) -> Inserted {
-        if self.state == ViewState::Complete
+        if self.complete_at.is_some()
             && event.is_marker()
             && !self.covered.contains(event.key.display_id())
         {
-            self.state = ViewState::Partial;
+            self.complete_at = None;
         }
         let hash = key_hash(&event.key);
         let maybe_held = self.key_hashes.contains(&hash);
         match project::validate(&event) {
             Ok(created_at) => {
-                let position = self.ordered.partition_point(|held| {
-                    (held.created_at.unwrap_or(i64::MIN), &held.key) < (created_at, &event.key)
-                });
+                // Live events mostly arrive in order: append without searching when the event sorts last.
+                let position = match self.ordered.last() {
+                    Some(last) if sort_key(last) >= (created_at, &event.key) => self
+                        .ordered
+                        .partition_point(|held| sort_key(held) < (created_at, &event.key)),
+                    _ => self.ordered.len(),
+                };
                 if maybe_held {
                     let exact = self
                         .ordered
@@ -157,13 +172,25 @@ impl ThreadView {
         project::project_view(&self.ordered, &self.rejected, primary)
     }
 
-    pub fn state(&self) -> ViewState {
-        self.state
+    /// The view's state when the live stream's gap count is `current`.
+    pub fn state(&self, current: Generation) -> ViewState {
+        if self.complete_at == Some(current) {
+            ViewState::Complete
+        } else {
+            ViewState::Partial
+        }
     }
 
-    /// Marks the view as possibly missing events (a gap in the live stream). Returns whether it was complete.
+    /// Marks the view complete as of gap generation `at`: it holds everything the store held and no gap happened
+    /// since `at` was read.
+    pub fn mark_complete(&mut self, at: Generation) {
+        self.complete_at = Some(at);
+    }
+
+    /// Forgets that the view was complete. Returns whether it had been complete as of some generation (so a
+    /// caller can count views found downgraded).
     pub fn downgrade(&mut self) -> bool {
-        std::mem::replace(&mut self.state, ViewState::Partial) == ViewState::Complete
+        self.complete_at.take().is_some()
     }
 
     pub fn version(&self) -> u64 {
@@ -253,12 +280,14 @@ mod tests {
         let mut live = ThreadView::new();
         live.insert(chunk("b", json!(2), "B"));
         live.insert(chunk("c", json!(3), "C"));
-        let view = ThreadView::hydrated(
+        let mut view = ThreadView::hydrated(
             [chunk("a", json!(1), "A"), chunk("b", json!(2), "B")],
             ["d".to_owned()],
             &live,
         );
-        assert_eq!(view.state(), ViewState::Complete);
+        assert_eq!(view.state(0), ViewState::Partial);
+        view.mark_complete(0);
+        assert_eq!(view.state(0), ViewState::Complete);
         assert_eq!(view.len(), 3);
         assert!(view.version() > live.version());
     }
@@ -285,18 +314,33 @@ mod tests {
     #[test]
     fn a_marker_on_a_display_the_hydration_did_not_cover_makes_the_view_partial() {
         let mut view = ThreadView::hydrated([], ["d".to_owned()], &ThreadView::new());
+        view.mark_complete(3);
         view.insert(marker("m1", "d"));
-        assert_eq!(view.state(), ViewState::Complete);
+        assert_eq!(view.state(3), ViewState::Complete);
         view.insert(chunk("c1", json!(6), "on a hidden display"));
-        assert_eq!(view.state(), ViewState::Complete);
+        assert_eq!(view.state(3), ViewState::Complete);
         view.insert(marker("m2", "elsewhere"));
-        assert_eq!(view.state(), ViewState::Partial);
+        assert_eq!(view.state(3), ViewState::Partial);
     }
 
     #[test]
-    fn downgrade_reports_whether_the_view_was_complete() {
+    fn a_gap_after_completion_makes_the_view_partial() {
         let mut view = ThreadView::hydrated([], Vec::<String>::new(), &ThreadView::new());
+        view.mark_complete(7);
+        assert_eq!(view.state(7), ViewState::Complete);
+        assert_eq!(view.state(8), ViewState::Partial);
         assert!(view.downgrade());
         assert!(!view.downgrade());
+        assert_eq!(view.state(7), ViewState::Partial);
+    }
+
+    #[test]
+    fn out_of_order_events_are_inserted_in_place_and_in_order_ones_appended() {
+        let mut view = ThreadView::new();
+        for (id, at) in [("a", 1), ("c", 3), ("b", 2), ("d", 3), ("e", 0)] {
+            view.insert(chunk(id, json!(at), id));
+        }
+        let ids: Vec<_> = view.ordered.iter().map(|e| e.key.event_id()).collect();
+        assert_eq!(ids, ["e", "a", "b", "c", "d"]);
     }
 }
