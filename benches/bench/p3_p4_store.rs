@@ -33,7 +33,9 @@ const P3_COLD_READS: usize = 5;
 const P3_HITS: usize = 200;
 /// Time a fresh worker is left alone before its cold read.
 const SETTLE: Duration = Duration::from_millis(300);
-/// Per-event time at the largest size may exceed that at 1k by this factor and still count as linear.
+/// The worker's per-event time may grow from 1k to the largest size by this factor more than the bare driver's
+/// does in the same run and still count as linear. Measured side by side: the local server's own scaling and
+/// noise (tens of percent between runs) are the baseline, not a fixed expectation.
 const LINEAR_TOLERANCE: f64 = 1.25;
 
 fn shape(events: usize) -> Conversation {
@@ -172,17 +174,19 @@ pub async fn run_p4(setup: Arc<Setup>) -> Vec<Row> {
             })
             .collect();
         let growth = last.per_event_us(last.worker) / first.per_event_us(first.worker);
+        let bare_growth = last.per_event_us(last.bare) / first.per_event_us(first.bare);
+        let relative = growth / bare_growth;
         rows.push(Row::check(
             "P4",
             "linear: worker time per event by size",
             format!(
-                "{} µs/event; {growth:.2}x from {} to {}",
+                "{} µs/event; from {} to {} worker {growth:.2}x, bare {bare_growth:.2}x: {relative:.2}x bare's growth",
                 per_event.join(", "),
                 first.label(),
                 last.label()
             ),
-            format!("per-event time at the largest size <= {LINEAR_TOLERANCE}x at 1k"),
-            growth <= LINEAR_TOLERANCE,
+            format!("per-event growth <= {LINEAR_TOLERANCE}x the bare driver's"),
+            relative <= LINEAR_TOLERANCE,
         ));
     }
     rows
