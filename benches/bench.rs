@@ -34,6 +34,8 @@ mod p5_memory;
 mod p6_freshness;
 #[path = "bench/report.rs"]
 mod report;
+#[path = "../tests/api/scrape.rs"]
+mod scrape;
 #[path = "bench/setup.rs"]
 mod setup;
 #[path = "bench/worker.rs"]

@@ -101,20 +101,11 @@ impl Message {
 /// (the demo's mapping, `examples/demo/conversation.rs`).
 pub fn subject(row: &Value) -> String {
     let field = |name: &str| row[name].as_str().unwrap_or_default();
-    [
-        "agent_class",
-        "agent_id",
-        "thread_id",
-        "display_id",
-        "run_id",
-        "event_type",
-        "event_name",
-        "event_id",
-    ]
-    .iter()
-    .fold("agent".to_owned(), |subject, name| {
-        format!("{subject}.{}", field(name))
-    })
+    chat_history_view::subject::KEY_FIELDS
+        .iter()
+        .fold("agent".to_owned(), |subject, name| {
+            format!("{subject}.{}", field(name))
+        })
 }
 
 /// The shape of a stored thread: `turns` turns, each a marker followed by `events_per_turn - 1` chunks, the turns

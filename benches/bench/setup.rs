@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use mongodb::IndexModel;
-use mongodb::bson::{Document, RawDocumentBuf, doc};
+use mongodb::bson::{Document, doc};
 use mongodb::options::IndexOptions;
 use serde_json::Value;
 
@@ -144,11 +144,6 @@ pub struct BenchStore {
 
 impl BenchStore {
     pub fn events(&self) -> mongodb::Collection<Document> {
-        self.db.collection("agent_events")
-    }
-
-    /// The collection as the worker reads it: raw BSON documents.
-    pub fn raw_events(&self) -> mongodb::Collection<RawDocumentBuf> {
         self.db.collection("agent_events")
     }
 

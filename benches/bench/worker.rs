@@ -207,26 +207,12 @@ pub struct Scrape(String);
 impl Scrape {
     /// Sum of every sample of a metric family (all label sets).
     pub fn sum(&self, name: &str) -> f64 {
-        self.0
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        crate::scrape::metric_sum(&self.0, name)
     }
 
     /// One sample, e.g. `history_view_events_total{outcome="relevant"}`; 0 when absent.
     pub fn sample(&self, sample: &str) -> f64 {
-        self.0
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(sample)
-                    .and_then(|rest| rest.trim().parse::<f64>().ok())
-            })
-            .unwrap_or(0.0)
+        crate::scrape::metric(&self.0, sample)
     }
 
     /// Messages the worker took from NATS (every outcome).

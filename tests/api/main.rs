@@ -14,6 +14,8 @@ mod conformance;
 mod helpers;
 // Child-process guards for nats-server and the Mongo-wire server.
 mod servers;
+// Reading /metrics.
+mod scrape;
 // The store path: index use, missing index, outage, operator characters.
 mod store;
 // The HTTP contract.
