@@ -254,7 +254,8 @@ impl Views {
             let gap_free = live_before
                 && self.live.load(Ordering::Acquire)
                 && self.gaps.load(Ordering::Acquire) == gaps_before;
-            // Otherwise answer from what was read, but hydrate again on the next read.
+            // Otherwise (or when a live marker stands on a display the store did not return yet) answer from what
+            // was read, but hydrate again on the next read.
             if gap_free {
                 view.mark_complete(gaps_before);
             }

@@ -181,10 +181,21 @@ impl ThreadView {
         }
     }
 
-    /// Marks the view complete as of gap generation `at`: it holds everything the store held and no gap happened
-    /// since `at` was read.
-    pub fn mark_complete(&mut self, at: Generation) {
-        self.complete_at = Some(at);
+    /// Marks the view complete as of gap generation `at` (the caller knows it holds everything the store held and
+    /// that no gap happened since `at` was read), provided every display a marker made visible was covered by the
+    /// hydration. A marker the store did not return yet (it arrived live, before aihub persisted it) may stand on a
+    /// display whose older events the hydration never fetched. Returns whether the view is now complete.
+    pub fn mark_complete(&mut self, at: Generation) -> bool {
+        let covered = self
+            .ordered
+            .iter()
+            .chain(&self.rejected)
+            .filter(|e| e.is_marker())
+            .all(|e| self.covered.contains(e.key.display_id()));
+        if covered {
+            self.complete_at = Some(at);
+        }
+        covered
     }
 
     /// Forgets that the view was complete. Returns whether it had been complete as of some generation (so a
@@ -321,6 +332,17 @@ mod tests {
         assert_eq!(view.state(3), ViewState::Complete);
         view.insert(marker("m2", "elsewhere"));
         assert_eq!(view.state(3), ViewState::Partial);
+    }
+
+    #[test]
+    fn a_view_with_a_marker_the_hydration_did_not_cover_cannot_be_complete() {
+        let mut live = ThreadView::new();
+        live.insert(marker("m1", "new-display"));
+        let mut view = ThreadView::hydrated([], ["d".to_owned()], &live);
+        assert!(!view.mark_complete(0));
+        assert_eq!(view.state(0), ViewState::Partial);
+        let mut view = ThreadView::hydrated([], ["d".to_owned(), "new-display".to_owned()], &live);
+        assert!(view.mark_complete(0));
     }
 
     #[test]

@@ -1,8 +1,10 @@
-//! Demo client: publishes a realistic two-turn conversation on NATS the way aihub does, reads the thread's history
-//! back from a running chat-history-view, prints the transcript, and fails if it is not the expected one.
+//! Demo client: plays aihub's part for a realistic two-turn conversation (publishes the display events on NATS, then
+//! persists them in `agent_events` as aihub's persister does), reads the thread's history back from a running
+//! chat-history-view, prints the transcript, and fails if it is not the expected one.
 //!
-//! Environment: `HISTORY_VIEW_NATS_URL` (default nats://127.0.0.1:4222), `DEMO_API` (default http://127.0.0.1:8080),
-//! `DEMO_THREAD` (default: a fresh id).
+//! Environment: `HISTORY_VIEW_NATS_URL` (default nats://127.0.0.1:4222), `HISTORY_VIEW_MONGODB_URI` (default
+//! mongodb://127.0.0.1:27017), `HISTORY_VIEW_MONGODB_DATABASE` (default aihub), `DEMO_API` (default
+//! http://127.0.0.1:8080), `DEMO_THREAD` (default: a fresh id).
 
 mod conversation;
 
@@ -48,6 +50,34 @@ async fn run() -> anyhow::Result<bool> {
             .await?;
     }
     client.flush().await?;
+
+    // aihub's persister writes every event to agent_events (its entity declares the index history reads use).
+    let mongodb_uri = std::env::var("HISTORY_VIEW_MONGODB_URI")
+        .unwrap_or_else(|_| "mongodb://127.0.0.1:27017".into());
+    let database =
+        std::env::var("HISTORY_VIEW_MONGODB_DATABASE").unwrap_or_else(|_| "aihub".into());
+    let events = mongodb::Client::with_uri_str(&mongodb_uri)
+        .await?
+        .database(&database)
+        .collection::<mongodb::bson::Document>("agent_events");
+    events
+        .create_index(
+            mongodb::IndexModel::builder()
+                .keys(mongodb::bson::doc! {"thread_id": 1, "event_type": 1, "event_parents": 1})
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .name("thread_id_1_event_type_1_event_parents_1".to_owned())
+                        .build(),
+                )
+                .build(),
+        )
+        .await?;
+    let documents = rows
+        .iter()
+        .map(mongodb::bson::to_document)
+        .collect::<Result<Vec<_>, _>>()?;
+    events.insert_many(documents).await?;
+    println!("Persisted them in {database}.agent_events, as aihub's persister does.");
 
     let url = format!(
         "{api}/v1/threads/{thread}/history?agent_class={}&agent_id={}",

@@ -9,7 +9,7 @@ use chat_history_view::project::{Identity, project};
 use futures_util::StreamExt;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::helpers::{
     Api, chunk_row, metric, metric_sum, publish_rows, spawn_app, spawn_app_with, turns, user_row,
@@ -385,5 +385,60 @@ async fn a_slow_consumer_drop_downgrades_complete_views() {
         metric(&metrics, "history_view_views_downgraded_total"),
         1.0,
         "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_hidden_display_made_visible_live_brings_back_its_earlier_persisted_events() {
+    let app = spawn_app().await;
+    let thread = "t-reveal";
+    let mut question = chunk_row(thread, "d-hidden", "Travel", "q1", 3, "");
+    question["event_name"] = json!("HumanInTheLoopChatRequestEvent");
+    question["event_parents"] = json!([
+        "HumanInTheLoopChatRequestEvent",
+        "HumanInTheLoopRequestEvent"
+    ]);
+    question["event_data"] = json!({"created_at": 3, "question": "Which dates?",
+        "_parent_event_names": ["HumanInTheLoopChatRequestEvent", "HumanInTheLoopRequestEvent"]});
+    // Persisted before this worker ever saw the thread; the question's display is hidden so far.
+    app.store
+        .insert_rows(&[
+            user_row(thread, "d1", "e1", 1, "Q"),
+            chunk_row(thread, "d1", "A", "e2", 2, "A"),
+            question,
+        ])
+        .await;
+    assert_eq!(
+        app.api.history(thread, "").await.json()["messages"],
+        turns(&[("user", "Q"), ("assistant", "A")])
+    );
+    assert_eq!(
+        app.api.history(thread, "").await.header("x-history-source"),
+        Some("cache")
+    );
+
+    // The user's answer lands on the hidden display (live, and persisted by aihub): both question and answer appear.
+    let mut answer = user_row(thread, "d-hidden", "a1", 4, "");
+    answer["event_name"] = json!("HumanInTheLoopChatResponseEvent");
+    answer["event_parents"] = json!([
+        "HumanInTheLoopChatResponseEvent",
+        "HumanInTheLoopResponseEvent"
+    ]);
+    answer["event_data"] = json!({"created_at": 4, "response": "Next weekend",
+        "_parent_event_names": ["HumanInTheLoopChatResponseEvent", "HumanInTheLoopResponseEvent"]});
+    publish_rows(&app.publisher, std::slice::from_ref(&answer)).await;
+    app.store.insert_rows(&[answer]).await;
+    let (body, _) = read_until(&app.api, thread, "", |b| {
+        b["messages"].as_array().is_some_and(|m| m.len() == 4)
+    })
+    .await;
+    assert_eq!(
+        body["messages"],
+        turns(&[
+            ("user", "Q"),
+            ("assistant", "A"),
+            ("assistant", "Which dates?"),
+            ("user", "Next weekend")
+        ])
     );
 }
