@@ -286,19 +286,6 @@ impl Views {
             .cache_size(self.cache.entry_count(), self.cache.weighted_size());
     }
 
-    /// The cache's weighted size after pending maintenance, in bytes.
-    pub async fn weighted_size(&self) -> u64 {
-        self.cache.run_pending_tasks().await;
-        self.cache.weighted_size()
-    }
-
-    /// The state of a thread's view, if the cache holds one.
-    pub async fn state(&self, thread_id: &str) -> Option<ViewState> {
-        let entry = self.cache.get(thread_id).await?;
-        let state = lock(&entry.view).state(self.gaps.load(Ordering::Acquire));
-        Some(state)
-    }
-
     fn complete_answer(
         &self,
         entry: &Entry,
