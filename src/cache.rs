@@ -249,8 +249,8 @@ impl Views {
         };
         let answer = {
             let mut view = lock(&entry.view);
-            let hydrated = ThreadView::hydrated(rows.events, rows.displays, &view);
-            *view = hydrated;
+            let live = std::mem::take(&mut *view);
+            *view = ThreadView::hydrated(rows.events, rows.displays, live);
             let gap_free = live_before
                 && self.live.load(Ordering::Acquire)
                 && self.gaps.load(Ordering::Acquire) == gaps_before;
@@ -322,7 +322,7 @@ impl Views {
         {
             let other = lock(&current.view).clone();
             let mut view = lock(&entry.view);
-            view.merge(&other);
+            view.merge(other);
             view.downgrade();
         }
         self.cache

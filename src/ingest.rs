@@ -1,6 +1,7 @@
 //! The live path: the NATS subscription loop (subject → decode → view) and the connection watcher that turns
 //! possible gaps into view downgrades.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -23,9 +24,12 @@ const DRAIN_LIMIT: usize = 10_000;
 /// Applies live display events to the views.
 #[derive(Clone)]
 pub struct Ingest {
-    pub views: Views,
-    pub metrics: Metrics,
-    pub readiness: Readiness,
+    views: Views,
+    metrics: Metrics,
+    readiness: Readiness,
+    /// Log rate limits for messages that are not display-event subjects and payloads that are not JSON.
+    bad_subject_log: Arc<RateLimit>,
+    malformed_log: Arc<RateLimit>,
 }
 
 /// Logs at most one line per second for a kind of bad input, so a flood cannot flood the log.
@@ -41,10 +45,17 @@ impl RateLimit {
     }
 }
 
-static BAD_SUBJECT_LOG: RateLimit = RateLimit(AtomicU64::new(0));
-static MALFORMED_LOG: RateLimit = RateLimit(AtomicU64::new(0));
-
 impl Ingest {
+    pub fn new(views: Views, metrics: Metrics, readiness: Readiness) -> Self {
+        Self {
+            views,
+            metrics,
+            readiness,
+            bad_subject_log: Arc::default(),
+            malformed_log: Arc::default(),
+        }
+    }
+
     /// Consumes `subscriber` until `stop` is cancelled or the subscription ends. After a stop, unsubscribes and
     /// applies what was already buffered (bounded by [`DRAIN_LIMIT`]).
     ///
@@ -93,7 +104,7 @@ impl Ingest {
         let key = match DeliveryKey::parse_subject(subject) {
             Ok(key) => key,
             Err(error) => {
-                if BAD_SUBJECT_LOG.allow() {
+                if self.bad_subject_log.allow() {
                     tracing::warn!(%error, "dropping a message whose subject is not a display-event subject");
                 }
                 return EventOutcome::BadSubject;
@@ -101,7 +112,7 @@ impl Ingest {
         };
         match decode_payload(key, payload) {
             Err(error) => {
-                if MALFORMED_LOG.allow() {
+                if self.malformed_log.allow() {
                     // Metadata only: never the payload.
                     let key = &error.key;
                     tracing::warn!(

@@ -138,11 +138,11 @@ impl Application {
             .context("the listener has no local address")?;
         let stop = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let ingest = Ingest {
-            views: state.views.clone(),
-            metrics: state.metrics.clone(),
-            readiness: state.readiness.clone(),
-        };
+        let ingest = Ingest::new(
+            state.views.clone(),
+            state.metrics.clone(),
+            state.readiness.clone(),
+        );
         if nats.connection_state() == async_nats::connection::State::Connected {
             ingest.set_connected(true);
         }

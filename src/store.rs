@@ -182,14 +182,13 @@ impl Store {
         let mut cursor = action.await?;
         let mut displays = Vec::new();
         while cursor.advance().await? {
-            match cursor.current().get("_id") {
-                Ok(Some(RawBsonRef::Null)) | Ok(None) | Err(_) => {}
-                Ok(Some(value)) => {
-                    displays.push(value.to_raw_bson().try_into().unwrap_or(Bson::Null))
-                }
+            if let Ok(Some(value)) = cursor.current().get("_id")
+                && !matches!(value, RawBsonRef::Null)
+                && let Ok(display) = Bson::try_from(value.to_raw_bson())
+            {
+                displays.push(display);
             }
         }
-        displays.retain(|d| *d != Bson::Null);
         Ok(displays)
     }
 

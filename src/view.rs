@@ -96,28 +96,29 @@ impl ThreadView {
     }
 
     /// A view from the store's rows (in store order) for the `covered` displays, merged with the live events of
-    /// `live`, which the store may not have yet. Duplicates across the two count once. It is partial until the
-    /// caller marks it complete (it alone knows whether the live stream had a gap meanwhile).
+    /// `live` (moved in), which the store may not have yet. Duplicates across the two count once. It is partial
+    /// until the caller marks it complete (it alone knows whether the live stream had a gap meanwhile).
     pub fn hydrated(
         store_events: impl IntoIterator<Item = ViewEvent>,
         covered: impl IntoIterator<Item = String>,
-        live: &ThreadView,
+        live: ThreadView,
     ) -> Self {
         let mut view = ThreadView::new();
         for event in store_events {
             view.insert(event);
         }
+        let version = live.version + 1;
         view.merge(live);
         view.covered = covered.into_iter().map(String::into_boxed_str).collect();
         view.bytes += view.covered.iter().map(|d| d.len() + 32).sum::<usize>();
-        view.version = live.version + 1;
+        view.version = version;
         view
     }
 
     /// Inserts every event of `other` (dedup makes overlap harmless).
-    pub fn merge(&mut self, other: &ThreadView) {
-        for event in other.ordered.iter().chain(&other.rejected) {
-            self.insert(event.clone());
+    pub fn merge(&mut self, other: ThreadView) {
+        for event in other.ordered.into_iter().chain(other.rejected) {
+            self.insert(event);
         }
     }
 
@@ -294,7 +295,7 @@ mod tests {
         let mut view = ThreadView::hydrated(
             [chunk("a", json!(1), "A"), chunk("b", json!(2), "B")],
             ["d".to_owned()],
-            &live,
+            live.clone(),
         );
         assert_eq!(view.state(0), ViewState::Partial);
         view.mark_complete(0);
@@ -324,7 +325,7 @@ mod tests {
 
     #[test]
     fn a_marker_on_a_display_the_hydration_did_not_cover_makes_the_view_partial() {
-        let mut view = ThreadView::hydrated([], ["d".to_owned()], &ThreadView::new());
+        let mut view = ThreadView::hydrated([], ["d".to_owned()], ThreadView::new());
         view.mark_complete(3);
         view.insert(marker("m1", "d"));
         assert_eq!(view.state(3), ViewState::Complete);
@@ -338,16 +339,16 @@ mod tests {
     fn a_view_with_a_marker_the_hydration_did_not_cover_cannot_be_complete() {
         let mut live = ThreadView::new();
         live.insert(marker("m1", "new-display"));
-        let mut view = ThreadView::hydrated([], ["d".to_owned()], &live);
+        let mut view = ThreadView::hydrated([], ["d".to_owned()], live.clone());
         assert!(!view.mark_complete(0));
         assert_eq!(view.state(0), ViewState::Partial);
-        let mut view = ThreadView::hydrated([], ["d".to_owned(), "new-display".to_owned()], &live);
+        let mut view = ThreadView::hydrated([], ["d".to_owned(), "new-display".to_owned()], live);
         assert!(view.mark_complete(0));
     }
 
     #[test]
     fn a_gap_after_completion_makes_the_view_partial() {
-        let mut view = ThreadView::hydrated([], Vec::<String>::new(), &ThreadView::new());
+        let mut view = ThreadView::hydrated([], Vec::<String>::new(), ThreadView::new());
         view.mark_complete(7);
         assert_eq!(view.state(7), ViewState::Complete);
         assert_eq!(view.state(8), ViewState::Partial);
