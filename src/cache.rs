@@ -3,14 +3,30 @@
 //! - Live events go into their thread's view; a thread not in the cache gets a `Partial` view.
 //! - A read of a `Complete` view is answered from memory. A read of a partial or absent view hydrates it from the
 //!   store once (concurrent readers wait for the same hydration), merges the live events held (including those
-//!   that arrived during the hydration) and marks it complete.
-//! - A possible gap in the live stream downgrades every view to partial at once ([`Views::downgrade_all`] bumps a
-//!   gap generation that views compare with the one they were completed at); a hydration
-//!   that was in flight during a gap, or ran while NATS was disconnected, answers its read but leaves the view
-//!   partial.
+//!   that arrived during the hydration) and marks it complete if [`Coverage::verdict`] allows it.
+//! - **The persister-lag rule** ([design 2.1]): a view is complete only if its store read started at least
+//!   `HISTORY_VIEW_PERSIST_LAG_MS` after the thread's coverage start (see [`crate::coverage`]). A view held partial
+//!   only because the bound had not passed gets one background re-read once it has, so the next read is still
+//!   served from memory. Case by case, why that suffices:
+//!   - *start, reconnect*: coverage starts at the first confirmed round trip after (re)subscribing; an event
+//!     published before it was either delivered live or is in the store by the time the read starts.
+//!   - *slow consumer, dropped connection event, disconnect*: the gap moves coverage start to its handling and
+//!     changes the epoch, so complete views are partial at their next read and hydrate after the bound.
+//!   - *eviction, idle expiry*: the eviction listener records the removal for the thread's bucket (changing its
+//!     epoch, so a successor completed before the record lands is partial again) and retires the entry under its
+//!     view lock; an event that finds its entry retired is applied to the current one. An event that reached the
+//!     old entry before it was retired was published before the removal, so the store has it once the successor's
+//!     read starts the bound after the removal.
+//!   - *replacement during re-weigh*: [`Views::reweigh`] re-inserts an entry only while it is still the current
+//!     one (an atomic compute on the key), so no other entry's events are overwritten.
+//!   - *store outage*: the outage's end is a coverage start, since aihub's persister could not write either.
+//!   - *hydration racing live events*: events that arrive during the store read are held by the view and merged;
+//!     a gap or removal during the read moves coverage start past the read's start, so the read cannot count.
 //! - Memory is bounded by a byte budget: each entry is charged its view's (and last rendered answer's) bytes plus
 //!   headroom when inserted, and re-inserted (re-weighed) only when it outgrows that charge, so the charge does not
 //!   fall below what is held by more than one event between checks.
+//!
+//! [design 2.1]: ../docs/design.md#21-the-persister-lag-rule
 
 use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -20,13 +36,20 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use moka::future::Cache;
+use moka::notification::RemovalCause;
+use moka::ops::compute::Op;
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
+use crate::coverage::{self, Coverage, Stamp, Verdict};
 use crate::decode::ViewEvent;
-use crate::metrics::{Metrics, Source};
+use crate::metrics::{Metrics, RereadResult, Source};
 use crate::project::{HistoryMessage, Identity, Projection};
 use crate::store::{Store, StoreError};
 use crate::view::{Inserted, ThreadView, ViewState};
+
+/// How often a live event looks for a current entry of its thread (see [`Views::apply`]).
+const APPLY_ATTEMPTS: usize = 3;
 
 /// A rendered history response.
 #[derive(Debug, Clone)]
@@ -44,23 +67,29 @@ pub struct Views {
     cache: Cache<String, Arc<Entry>>,
     store: Store,
     metrics: Metrics,
-    /// Bumped on every possible gap in the live stream; a hydration that saw it change stays partial.
-    gaps: Arc<AtomicU64>,
-    /// Whether the live stream is connected now. A view hydrated while it is not cannot be complete: events
-    /// published meanwhile are being missed.
-    live: Arc<AtomicBool>,
+    /// Whether a store read may complete a view, and the epoch complete views are checked against.
+    coverage: Coverage,
+    /// Cancels the background re-reads when the service stops.
+    stop: CancellationToken,
 }
 
 /// One cached thread.
 struct Entry {
     /// The cache key, kept so that live inserts need not copy it from each event.
     thread_id: Box<str>,
+    /// The thread's removal bucket in [`Coverage`].
+    bucket: usize,
     view: Mutex<ThreadView>,
+    /// Set, under the view lock, once the cache let go of this entry: an event that finds it set goes to the
+    /// thread's current entry instead.
+    retired: AtomicBool,
     /// Held while hydrating, so concurrent readers of a partial view share one store query.
     hydration: tokio::sync::Mutex<()>,
     /// Bumped when a hydration fails, so readers that waited for it fail too instead of queueing one store
     /// timeout after another.
     failed_hydrations: AtomicU64,
+    /// A background re-read is scheduled, so a deferred view gets one, not one per read.
+    reread_scheduled: AtomicBool,
     /// The weight moka charged at the last insert.
     charged: AtomicUsize,
     /// The last rendered answer: (view version, primary identity, answer).
@@ -86,13 +115,25 @@ impl Entry {
     fn new(thread_id: &str) -> Self {
         Self {
             thread_id: thread_id.into(),
+            bucket: coverage::bucket(thread_id),
             view: Mutex::new(ThreadView::new()),
+            retired: AtomicBool::new(false),
             hydration: tokio::sync::Mutex::new(()),
             failed_hydrations: AtomicU64::new(0),
+            reread_scheduled: AtomicBool::new(false),
             charged: AtomicUsize::new(0),
             rendered: Mutex::new(None),
             warned: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The cache let go of this entry at `now`: record the removal for the thread's bucket, then retire the entry
+    /// under its view lock, so an insert either landed before (the event was published before the removal, and
+    /// the successor's store read covers it) or sees the entry retired and goes to the successor.
+    fn retire(&self, coverage: &Coverage) {
+        let _view = lock(&self.view);
+        coverage.removed(self.bucket, coverage.now());
+        self.retired.store(true, Ordering::Release);
     }
 
     /// Bytes held: the view and its last rendered answer.
@@ -122,7 +163,6 @@ impl Entry {
     fn render(
         &self,
         view: &ThreadView,
-        thread_id: &str,
         primary: Option<&Identity>,
         source: Source,
         metrics: &Metrics,
@@ -139,7 +179,7 @@ impl Entry {
         }
         let projection = view.project(primary);
         metrics.malformed_warnings(self.log_new_warnings(&projection));
-        let answer = answer(thread_id, &projection, source);
+        let answer = answer(&self.thread_id, &projection, source);
         *rendered = Some((view.version(), primary.cloned(), answer.clone()));
         answer
     }
@@ -188,29 +228,59 @@ pub fn answer(thread_id: &str, projection: &Projection, source: Source) -> Answe
 }
 
 impl Views {
-    pub fn new(store: Store, metrics: Metrics, max_bytes: u64, idle: Duration) -> Self {
+    pub fn new(
+        store: Store,
+        metrics: Metrics,
+        coverage: Coverage,
+        max_bytes: u64,
+        idle: Duration,
+    ) -> Self {
+        let removals = coverage.clone();
         let cache = Cache::builder()
             .max_capacity(max_bytes)
             .weigher(|_thread: &String, entry: &Arc<Entry>| entry.charge())
             .time_to_idle(idle)
+            // moka calls the listener under its lock for the key, so the thread's next entry is inserted only
+            // after the removal is recorded. `Replaced` is not a removal: only `reweigh` replaces, with the same
+            // entry.
+            .eviction_listener(move |_thread, entry: Arc<Entry>, cause| {
+                if cause != RemovalCause::Replaced {
+                    entry.retire(&removals);
+                }
+            })
             .build();
         Self {
             cache,
             store,
             metrics,
-            gaps: Arc::new(AtomicU64::new(0)),
-            live: Arc::new(AtomicBool::new(false)),
+            coverage,
+            stop: CancellationToken::new(),
         }
     }
 
-    /// Applies one live event to its thread's view, creating a partial view for a thread not held.
+    /// Applies one live event to its thread's current view, creating a partial view for a thread not held.
+    ///
+    /// An entry found retired (the cache let go of it since the lookup) is looked up again, a few times: a full
+    /// cache may reject a new thread's entry as soon as it is created. An event that no entry takes is not lost
+    /// for reads: each of those removals was recorded after the event arrived, so the thread's next entry is
+    /// complete only once the store has it.
     pub async fn apply(&self, event: ViewEvent) -> Inserted {
-        let entry = self.entry(event.key.thread_id()).await;
-        let inserted = lock(&entry.view).insert(event);
-        if entry.outgrew_charge() {
-            self.reweigh(&entry, &entry.thread_id).await;
+        for _ in 0..APPLY_ATTEMPTS {
+            let entry = self.entry(event.key.thread_id()).await;
+            let inserted = {
+                let mut view = lock(&entry.view);
+                if entry.retired.load(Ordering::Acquire) {
+                    continue;
+                }
+                view.insert(event)
+            };
+            if entry.outgrew_charge() {
+                self.reweigh(&entry).await;
+            }
+            return inserted;
         }
-        inserted
+        // Relevant and not known as a duplicate; the store holds it for the thread's next entry.
+        Inserted::Added
     }
 
     /// Answers a history read, from memory when the view is complete, otherwise by hydrating it from the store.
@@ -223,7 +293,7 @@ impl Views {
         primary: Option<&Identity>,
     ) -> Result<Answer, StoreError> {
         let entry = self.entry(thread_id).await;
-        if let Some(answer) = self.complete_answer(&entry, thread_id, primary, Source::Cache) {
+        if let Some(answer) = self.complete_answer(&entry, primary, Source::Cache) {
             self.metrics.cache_hit();
             return Ok(answer);
         }
@@ -231,52 +301,25 @@ impl Views {
         let failures_before = entry.failed_hydrations.load(Ordering::Acquire);
         let _hydrating = entry.hydration.lock().await;
         // Another reader may have hydrated the view while this one waited, or failed to.
-        if let Some(answer) = self.complete_answer(&entry, thread_id, primary, Source::Store) {
+        if let Some(answer) = self.complete_answer(&entry, primary, Source::Store) {
             return Ok(answer);
         }
         if entry.failed_hydrations.load(Ordering::Acquire) != failures_before {
             return Err(StoreError::ConcurrentReadFailed);
         }
-        let gaps_before = self.gaps.load(Ordering::Acquire);
-        let live_before = self.live.load(Ordering::Acquire);
-        let rows = match self.store.thread_rows(thread_id).await {
-            Ok(rows) => rows,
-            Err(error) => {
-                entry.failed_hydrations.fetch_add(1, Ordering::AcqRel);
-                self.metrics.hydration(false);
-                return Err(error);
-            }
-        };
+        self.hydrate(&entry).await?;
+        // Answer from what was read even when the view stays partial (the next read hydrates again).
         let answer = {
-            let mut view = lock(&entry.view);
-            let live = std::mem::take(&mut *view);
-            *view = ThreadView::hydrated(rows.events, rows.displays, live);
-            let gap_free = live_before
-                && self.live.load(Ordering::Acquire)
-                && self.gaps.load(Ordering::Acquire) == gaps_before;
-            // Otherwise (or when a live marker stands on a display the store did not return yet) answer from what
-            // was read, but hydrate again on the next read.
-            if gap_free {
-                view.mark_complete(gaps_before);
-            }
-            entry.render(&view, thread_id, primary, Source::Store, &self.metrics)
+            let view = lock(&entry.view);
+            entry.render(&view, primary, Source::Store, &self.metrics)
         };
-        self.metrics.hydration(true);
-        self.reweigh(&entry, thread_id).await;
+        self.reweigh(&entry).await;
         Ok(answer)
     }
 
-    /// Records whether the live stream is connected (and subscribed).
-    pub fn set_live(&self, live: bool) {
-        self.live.store(live, Ordering::Release);
-    }
-
-    /// Marks every view partial after a possible gap in the live stream.
-    ///
-    /// O(1): it bumps the gap generation, which every view compares with the one it was completed at. The views
-    /// are counted as downgraded when a read finds them so.
-    pub fn downgrade_all(&self) {
-        self.gaps.fetch_add(1, Ordering::AcqRel);
+    /// Stops the background re-reads (at shutdown).
+    pub fn stop_background(&self) {
+        self.stop.cancel();
     }
 
     /// Updates the cache size gauges (called before a metrics scrape).
@@ -286,18 +329,95 @@ impl Views {
             .cache_size(self.cache.entry_count(), self.cache.weighted_size());
     }
 
+    /// Reads the thread from the store and merges the live events held; marks the view complete when the coverage
+    /// verdict allows it, or schedules a re-read for when it will. The caller holds the entry's hydration lock.
+    async fn hydrate(&self, entry: &Arc<Entry>) -> Result<(), StoreError> {
+        let start = self.coverage.read_start_now(entry.bucket);
+        let rows = match self.store.thread_rows(&entry.thread_id).await {
+            Ok(rows) => rows,
+            Err(error) => {
+                if error.is_outage() {
+                    self.coverage.store_failed();
+                }
+                entry.failed_hydrations.fetch_add(1, Ordering::AcqRel);
+                self.metrics.hydration(false);
+                return Err(error);
+            }
+        };
+        self.coverage.store_answered(self.coverage.now());
+        let verdict = self.coverage.verdict(&start);
+        let deferred = {
+            let mut view = lock(&entry.view);
+            let live = std::mem::take(&mut *view);
+            *view = ThreadView::hydrated(rows.events, rows.displays, live);
+            match verdict {
+                Verdict::Complete(epoch) => {
+                    // False when a live marker stands on a display the store did not return yet: the next read
+                    // hydrates again.
+                    view.mark_complete(epoch);
+                    None
+                }
+                // Partial only because the bound has not passed: read again once it has.
+                Verdict::Deferred(until) if view.covers_its_markers() => Some(until),
+                Verdict::Deferred(_) | Verdict::Uncovered => None,
+            }
+        };
+        self.metrics.hydration(true);
+        if let Some(until) = deferred {
+            self.schedule_reread(entry, until);
+        }
+        Ok(())
+    }
+
+    /// Re-reads `entry` from the store at `until` in the background (once per entry at a time), so a view held
+    /// partial by the persister-lag bound becomes complete without a reader waiting for the store.
+    fn schedule_reread(&self, entry: &Arc<Entry>, until: Stamp) {
+        if entry.reread_scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let views = self.clone();
+        let entry = Arc::clone(entry);
+        let at = tokio::time::Instant::from_std(self.coverage.instant(until));
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                () = views.stop.cancelled() => return,
+                () = tokio::time::sleep_until(at) => {}
+            }
+            entry.reread_scheduled.store(false, Ordering::Release);
+            let _hydrating = entry.hydration.lock().await;
+            let current = views.coverage.epoch(entry.bucket);
+            if entry.retired.load(Ordering::Acquire)
+                || lock(&entry.view).state(current) == ViewState::Complete
+            {
+                return;
+            }
+            let result = match views.hydrate(&entry).await {
+                Err(_) => RereadResult::Error,
+                Ok(()) => {
+                    let current = views.coverage.epoch(entry.bucket);
+                    match lock(&entry.view).state(current) {
+                        ViewState::Complete => RereadResult::Complete,
+                        ViewState::Partial => RereadResult::Partial,
+                    }
+                }
+            };
+            views.metrics.reread(result);
+            views.reweigh(&entry).await;
+        });
+    }
+
     fn complete_answer(
         &self,
         entry: &Entry,
-        thread_id: &str,
         primary: Option<&Identity>,
         source: Source,
     ) -> Option<Answer> {
         let mut view = lock(&entry.view);
-        if view.state(self.gaps.load(Ordering::Acquire)) == ViewState::Complete {
-            return Some(entry.render(&view, thread_id, primary, source, &self.metrics));
+        if view.state(self.coverage.epoch(entry.bucket)) == ViewState::Complete {
+            return Some(entry.render(&view, primary, source, &self.metrics));
         }
-        // Complete as of an older generation: a gap happened since.
+        // Complete as of an older epoch: a gap or a removal happened since.
         if view.downgrade() {
             self.metrics.views_downgraded(1);
         }
@@ -313,20 +433,20 @@ impl Views {
             .await
     }
 
-    /// Re-inserts `entry` so moka weighs it again. If the cache meanwhile holds another entry for the thread (this
-    /// one was evicted and live events created a new one), that entry's events are merged in and the view is left
-    /// partial: events may have reached the other entry after the merge.
-    async fn reweigh(&self, entry: &Arc<Entry>, thread_id: &str) {
-        if let Some(current) = self.cache.get(thread_id).await
-            && !Arc::ptr_eq(&current, entry)
-        {
-            let other = lock(&current.view).clone();
-            let mut view = lock(&entry.view);
-            view.merge(other);
-            view.downgrade();
-        }
+    /// Re-inserts `entry` so moka weighs it again, if it is still the thread's current entry. An entry the cache
+    /// let go of meanwhile stays out: its successor covers the thread from the removal on.
+    async fn reweigh(&self, entry: &Arc<Entry>) {
         self.cache
-            .insert(thread_id.to_owned(), Arc::clone(entry))
+            .entry_by_ref(&*entry.thread_id)
+            .and_compute_with(|current| {
+                let op = match current {
+                    Some(current) if Arc::ptr_eq(current.value(), entry) => {
+                        Op::Put(Arc::clone(entry))
+                    }
+                    _ => Op::Nop,
+                };
+                std::future::ready(op)
+            })
             .await;
     }
 }

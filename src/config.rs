@@ -69,6 +69,14 @@ pub struct Config {
     #[arg(long, env = "HISTORY_VIEW_STORE_TIMEOUT_MS", default_value = "2000", value_parser = parse_millis)]
     pub store_timeout_ms: Duration,
 
+    /// Bound, in milliseconds, on how long after publishing an event aihub's persister has written it; 0 allowed
+    /// (env HISTORY_VIEW_PERSIST_LAG_MS; default 2000). A view is served from memory only if its store read started
+    /// at least this long after the worker last could have missed one of the thread's events (start, reconnect,
+    /// gap, eviction, store outage). Raise it when history_view_persister_lag_exceeded_total grows; a larger bound
+    /// only delays when a view becomes complete (a background re-read does it, not a reader).
+    #[arg(long = "persist-lag-ms", env = "HISTORY_VIEW_PERSIST_LAG_MS", default_value = "2000", value_parser = parse_millis_or_zero)]
+    pub persist_lag: Duration,
+
     /// Seconds allowed for draining in-flight requests on shutdown (env HISTORY_VIEW_SHUTDOWN_DRAIN_SECS; default 5).
     #[arg(long, env = "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS", default_value = "5", value_parser = parse_secs)]
     pub shutdown_drain_secs: Duration,
@@ -194,6 +202,15 @@ fn parse_millis(value: &str) -> Result<Duration, String> {
     parse_positive(value).map(Duration::from_millis)
 }
 
+/// Milliseconds, 0 included; at most a day (a larger bound is a typo, not a setting).
+fn parse_millis_or_zero(value: &str) -> Result<Duration, String> {
+    match value.trim().parse::<u64>() {
+        Ok(n) if n <= 86_400_000 => Ok(Duration::from_millis(n)),
+        Ok(_) => Err("must be at most 86400000 (a day)".into()),
+        Err(e) => Err(format!("must be a whole number: {e}")),
+    }
+}
+
 /// A byte size: digits with an optional binary (KiB, MiB, GiB) or decimal (KB, MB, GB) suffix.
 pub fn parse_bytes(value: &str) -> Result<u64, String> {
     let value = value.trim();
@@ -238,6 +255,7 @@ mod tests {
         assert_eq!(config.cache_max_bytes, DEFAULT_CACHE_MAX_BYTES);
         assert_eq!(config.store_timeout_ms, Duration::from_millis(2000));
         assert_eq!(config.shutdown_drain_secs, Duration::from_secs(5));
+        assert_eq!(config.persist_lag, Duration::from_millis(2000));
         assert_eq!(config.listen.port(), 8080);
         assert!(config.api_token.is_none());
     }
@@ -256,6 +274,8 @@ mod tests {
             (&["--nats-url", "nats://a b"][..], "--nats-url"),
             (&["--log-format", "xml"][..], "--log-format"),
             (&["--subject", "agent..x"][..], "--subject"),
+            (&["--persist-lag-ms=-1"][..], "--persist-lag-ms"),
+            (&["--persist-lag-ms", "2s"][..], "--persist-lag-ms"),
         ] {
             let message = parse(args).unwrap_err().to_string();
             assert!(message.contains(setting), "{message}");
@@ -279,6 +299,14 @@ mod tests {
         assert!(
             !debug.contains("s3cret") && !debug.contains("pw@h"),
             "{debug}"
+        );
+    }
+
+    #[test]
+    fn a_zero_persist_lag_is_allowed() {
+        assert_eq!(
+            parse(&["--persist-lag-ms", "0"]).unwrap().persist_lag,
+            Duration::ZERO
         );
     }
 

@@ -1,5 +1,6 @@
-//! `Readiness`: whether the worker can serve correct reads now: its NATS subscription is live and the store
-//! answered a ping recently. The ingest loop reports the subscription; a background task pings the store.
+//! `Readiness`: whether the worker can serve correct reads now: its NATS subscription is live (confirmed by a
+//! round trip, see [`Coverage`]) and the store answered a ping recently. The ingest loop reports the subscription;
+//! a background task pings the store and reports outages to [`Coverage`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -7,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::coverage::Coverage;
 use crate::store::Store;
 
 /// How often the store is pinged.
@@ -22,6 +24,8 @@ pub struct Readiness {
 
 struct Inner {
     started: Instant,
+    /// Whether the subscription is confirmed live; store ping results go here too.
+    coverage: Coverage,
     /// The NATS connection is up.
     connected: AtomicBool,
     /// The display-event subscription exists and its stream has not ended.
@@ -37,17 +41,12 @@ pub struct Check {
     pub detail: &'static str,
 }
 
-impl Default for Readiness {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Readiness {
-    pub fn new() -> Self {
+    pub fn new(coverage: Coverage) -> Self {
         Self {
             inner: Arc::new(Inner {
                 started: Instant::now(),
+                coverage,
                 connected: AtomicBool::new(false),
                 subscribed: AtomicBool::new(false),
                 store_ok_at_ms: AtomicU64::new(0),
@@ -86,6 +85,11 @@ impl Readiness {
             Check {
                 ok: false,
                 detail: "not connected to NATS",
+            }
+        } else if !self.inner.coverage.is_live() {
+            Check {
+                ok: false,
+                detail: "subscription not yet confirmed by a round trip to NATS",
             }
         } else {
             Check {
@@ -131,8 +135,12 @@ impl Readiness {
                 result = store.ping() => result,
             };
             let ok = result.is_ok();
+            let coverage = &self.inner.coverage;
             if ok {
                 self.store_answered();
+                coverage.store_answered(coverage.now());
+            } else {
+                coverage.store_failed();
             }
             if was_ok != Some(ok) {
                 match &result {

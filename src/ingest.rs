@@ -1,9 +1,8 @@
-//! The live path: the NATS subscription loop (subject → decode → view) and the connection watcher that turns
-//! possible gaps into view downgrades.
+//! The live path: the NATS subscription loop (subject → decode → view) and the connection watcher, which confirms
+//! the subscription by a round trip and turns possible gaps into coverage changes ([`Coverage`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_nats::{Event, Message, Subscriber};
 use futures_util::StreamExt;
@@ -11,15 +10,22 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::Views;
+use crate::coverage::Coverage;
 use crate::decode::{Decoded, decode_payload};
 use crate::health::Readiness;
 use crate::metrics::{EventOutcome, Metrics};
 use crate::subject::DeliveryKey;
+use crate::telemetry::RateLimit;
 use crate::view::Inserted;
 
 /// Most messages still buffered in the subscription that are applied after a stop request; the rest are left
 /// (the views are dropped with the process anyway).
 const DRAIN_LIMIT: usize = 10_000;
+
+/// How often the watcher checks whether a connected but unconfirmed subscription needs a probe, and how long a
+/// probe may stay unanswered before another is sent.
+const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Applies live display events to the views.
 #[derive(Clone)]
@@ -27,30 +33,19 @@ pub struct Ingest {
     views: Views,
     metrics: Metrics,
     readiness: Readiness,
+    coverage: Coverage,
     /// Log rate limits for messages that are not display-event subjects and payloads that are not JSON.
     bad_subject_log: Arc<RateLimit>,
     malformed_log: Arc<RateLimit>,
 }
 
-/// Logs at most one line per second for a kind of bad input, so a flood cannot flood the log.
-#[derive(Default)]
-struct RateLimit(AtomicU64);
-
-impl RateLimit {
-    fn allow(&self) -> bool {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        self.0.swap(now, Ordering::Relaxed) != now
-    }
-}
-
 impl Ingest {
-    pub fn new(views: Views, metrics: Metrics, readiness: Readiness) -> Self {
+    pub fn new(views: Views, metrics: Metrics, readiness: Readiness, coverage: Coverage) -> Self {
         Self {
             views,
             metrics,
             readiness,
+            coverage,
             bad_subject_log: Arc::default(),
             malformed_log: Arc::default(),
         }
@@ -140,60 +135,166 @@ impl Ingest {
         }
     }
 
-    /// Reacts to NATS connection events until `stop` is cancelled: every possible gap (disconnect, reconnect, slow
-    /// consumer, client or server error) downgrades all views; readiness follows the connection.
+    /// Watches the connection until `stop` is cancelled: logs and counts connection events, keeps readiness's
+    /// connection state, and confirms the subscription after every (re)connect by a round trip: a probe published
+    /// on `probe`'s own subject comes back only after the server has processed everything sent before it, the
+    /// re-sent subscription included (a `Connected` event comes before the subscription is re-sent). Gaps are
+    /// recorded earlier, in the connection callback ([`on_connection_event`]).
     pub async fn watch_connection(
         self,
+        client: async_nats::Client,
+        probe: ProbeSubscription,
         mut events: mpsc::Receiver<Event>,
         stop: CancellationToken,
     ) {
+        let ProbeSubscription {
+            subject: probe_subject,
+            subscriber: mut probe,
+        } = probe;
+        let mut outstanding: Option<SentProbe> = None;
+        let mut sequence = 0u64;
+        let mut tick = tokio::time::interval(PROBE_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let event = tokio::select! {
+            let send_probe = tokio::select! {
                 biased;
                 () = stop.cancelled() => return,
                 event = events.recv() => match event {
-                    Some(event) => event,
+                    Some(event) => self.connection_event(&event),
                     None => return,
                 },
+                message = probe.next() => {
+                    let Some(message) = message else {
+                        tracing::error!("the subscription confirmation probe ended");
+                        return;
+                    };
+                    if let Some(sent) = outstanding
+                        && message.payload.as_ref() == sent.sequence.to_string().as_bytes()
+                    {
+                        outstanding = None;
+                        if self.coverage.confirm_live(sent.connection, self.coverage.now()) {
+                            tracing::info!("NATS subscription confirmed: live coverage starts");
+                        }
+                    }
+                    false
+                }
+                _ = tick.tick() => {
+                    !self.coverage.is_live()
+                        && client.connection_state() == async_nats::connection::State::Connected
+                        && outstanding.is_none_or(|sent| sent.at.elapsed() >= PROBE_TIMEOUT)
+                }
             };
-            let (label, gap) = match &event {
-                Event::Connected => {
-                    self.set_connected(true);
-                    ("connected", true)
+            if send_probe {
+                sequence += 1;
+                let sent = SentProbe {
+                    sequence,
+                    connection: self.coverage.connection(),
+                    at: std::time::Instant::now(),
+                };
+                match client
+                    .publish(probe_subject.clone(), sequence.to_string().into())
+                    .await
+                {
+                    Ok(()) => outstanding = Some(sent),
+                    Err(error) => tracing::debug!(%error, "cannot send the subscription probe"),
                 }
-                Event::Disconnected => {
-                    self.set_connected(false);
-                    ("disconnected", true)
-                }
-                Event::Closed => {
-                    self.set_connected(false);
-                    ("closed", true)
-                }
-                Event::SlowConsumer(_) => ("slow_consumer", true),
-                Event::ServerError(_) => ("server_error", true),
-                Event::ClientError(_) => ("client_error", true),
-                Event::LameDuckMode => ("lame_duck_mode", false),
-                Event::Draining => ("draining", false),
-            };
-            self.metrics.nats_connection_event(label);
-            if gap {
-                self.views.downgrade_all();
             }
-            tracing::info!(event = %event, views_downgraded = gap, "NATS connection event");
         }
     }
-}
 
-impl Ingest {
-    /// Records the connection state where readiness and hydration look for it.
+    /// Logs, counts and reflects one connection event; returns whether a confirmation probe is due.
+    fn connection_event(&self, event: &Event) -> bool {
+        let label = match event {
+            Event::Connected => {
+                self.readiness.set_connected(true);
+                "connected"
+            }
+            Event::Disconnected => {
+                self.readiness.set_connected(false);
+                "disconnected"
+            }
+            Event::Closed => {
+                self.readiness.set_connected(false);
+                "closed"
+            }
+            Event::SlowConsumer(_) => "slow_consumer",
+            Event::ServerError(_) => "server_error",
+            Event::ClientError(_) => "client_error",
+            Event::LameDuckMode => "lame_duck_mode",
+            Event::Draining => "draining",
+        };
+        self.metrics.nats_connection_event(label);
+        tracing::info!(event = %event, views_downgraded = is_gap(event), "NATS connection event");
+        matches!(event, Event::Connected)
+    }
+
+    /// Records the connection state where readiness looks for it.
     pub fn set_connected(&self, connected: bool) {
         self.readiness.set_connected(connected);
-        self.views.set_live(connected);
     }
 }
 
-/// A sender for [`async_nats::ConnectOptions::event_callback`]: events go into a bounded channel; when it is full
-/// a downgrade is already pending, so dropping the event loses nothing.
+/// The worker's own subscription for confirmation probes, on a subject nothing else uses (an inbox subject, so
+/// aihub's persister, which stores `agent.>`, never sees it).
+pub struct ProbeSubscription {
+    pub subject: String,
+    pub subscriber: Subscriber,
+}
+
+impl ProbeSubscription {
+    /// Subscribes to a fresh inbox subject of `client`.
+    ///
+    /// # Errors
+    /// The client cannot send the subscription.
+    pub async fn new(client: &async_nats::Client) -> Result<Self, async_nats::SubscribeError> {
+        let subject = client.new_inbox();
+        let subscriber = client.subscribe(subject.clone()).await?;
+        Ok(Self {
+            subject,
+            subscriber,
+        })
+    }
+}
+
+/// A confirmation probe in flight.
+#[derive(Debug, Clone, Copy)]
+struct SentProbe {
+    sequence: u64,
+    /// The coverage's connection epoch when it was sent.
+    connection: u64,
+    at: std::time::Instant,
+}
+
+/// Whether a connection event means events may have been missed.
+fn is_gap(event: &Event) -> bool {
+    match event {
+        Event::Disconnected
+        | Event::Closed
+        | Event::SlowConsumer(_)
+        | Event::ServerError(_)
+        | Event::ClientError(_) => true,
+        Event::Connected | Event::LameDuckMode | Event::Draining => false,
+    }
+}
+
+/// The connection callback's work ([`async_nats::ConnectOptions::event_callback`]): records a gap at once (before
+/// any queue, so a complete view is not served after it), then hands the event to the watcher. An event the
+/// watcher's queue has no room for is itself a gap: it might have been one.
+pub fn on_connection_event(coverage: &Coverage, watcher: &mpsc::Sender<Event>, event: Event) {
+    let now = coverage.now();
+    match event {
+        Event::Disconnected | Event::Closed => coverage.disconnected(now),
+        ref other if is_gap(other) => coverage.gap(now),
+        _ => {}
+    }
+    match watcher.try_send(event) {
+        // Closed: the service is stopping.
+        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+        Err(mpsc::error::TrySendError::Full(_)) => coverage.gap(now),
+    }
+}
+
+/// The queue between the connection callback and the watcher.
 pub fn connection_events() -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {
     mpsc::channel(64)
 }

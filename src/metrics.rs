@@ -79,6 +79,27 @@ impl Source {
     }
 }
 
+/// What a background re-read of a view held partial by the persister-lag bound achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RereadResult {
+    /// The view is complete.
+    Complete,
+    /// Still partial (the coverage start moved again, or a live marker stands on a display not read).
+    Partial,
+    /// The store failed; the next read hydrates.
+    Error,
+}
+
+impl RereadResult {
+    fn label(self) -> &'static str {
+        match self {
+            RereadResult::Complete => "complete",
+            RereadResult::Partial => "partial",
+            RereadResult::Error => "error",
+        }
+    }
+}
+
 /// Handles to every metric; cloning is cheap (one `Arc`).
 #[derive(Clone)]
 pub struct Metrics {
@@ -101,12 +122,17 @@ struct Inner {
     nats_connection_events: IntCounterVec,
     index_hint_fallbacks: IntCounter,
     malformed_warnings: IntCounter,
+    rereads: IntCounterVec,
+    persister_lag_seconds: prometheus::Histogram,
+    persister_lag_exceeded: IntCounter,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 const LAG_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
+/// Persister lag is read from an ObjectId, which counts whole seconds; finer buckets would be noise.
+const PERSISTER_LAG_BUCKETS: &[f64] = &[0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0];
 
 impl Metrics {
     /// Creates the metrics on a fresh registry.
@@ -238,6 +264,32 @@ impl Metrics {
                     "Warnings logged about malformed visible events",
                 ),
             ),
+            rereads: reg(
+                &registry,
+                counter_vec(
+                    "history_view_background_rereads_total",
+                    "Background re-reads of views held partial by the persister-lag bound, by result",
+                    &["result"],
+                ),
+            ),
+            persister_lag_seconds: reg(
+                &registry,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "history_view_persister_lag_seconds",
+                        "Per row read from the store: its _id time minus its created_at (whole seconds of _id)",
+                    )
+                    .buckets(PERSISTER_LAG_BUCKETS.to_vec()),
+                )
+                .expect("valid metric"),
+            ),
+            persister_lag_exceeded: reg(
+                &registry,
+                counter(
+                    "history_view_persister_lag_exceeded_total",
+                    "Rows read from the store that were persisted later than HISTORY_VIEW_PERSIST_LAG_MS after created_at",
+                ),
+            ),
             registry,
         };
         Self {
@@ -300,6 +352,21 @@ impl Metrics {
     }
     pub fn index_hint_fallback(&self) {
         self.inner.index_hint_fallbacks.inc();
+    }
+    pub fn reread(&self, result: RereadResult) {
+        self.inner
+            .rereads
+            .with_label_values(&[result.label()])
+            .inc();
+    }
+    /// Records one stored row's persister lag; returns whether it exceeds `bound` (the caller warns).
+    pub fn persister_lag(&self, lag: Duration, bound: Duration) -> bool {
+        self.inner.persister_lag_seconds.observe(lag.as_secs_f64());
+        let exceeded = lag > bound;
+        if exceeded {
+            self.inner.persister_lag_exceeded.inc();
+        }
+        exceeded
     }
     pub fn malformed_warnings(&self, count: usize) {
         self.inner.malformed_warnings.inc_by(count as u64);

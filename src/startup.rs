@@ -13,9 +13,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::cache::Views;
 use crate::config::Config;
+use crate::coverage::Coverage;
 use crate::health::Readiness;
 use crate::http::{AppState, router};
-use crate::ingest::{self, Ingest};
+use crate::ingest::{self, Ingest, ProbeSubscription};
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -30,7 +31,9 @@ pub struct Application {
     store: Store,
     nats: async_nats::Client,
     subscriber: async_nats::Subscriber,
+    probe: ProbeSubscription,
     connection_events: mpsc::Receiver<async_nats::Event>,
+    coverage: Coverage,
 }
 
 /// Converts the OpenAPI YAML into the JSON served.
@@ -52,13 +55,15 @@ impl Application {
     /// A setting the clients reject, or the listen address cannot be bound.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let metrics = Metrics::new();
-        let readiness = Readiness::new();
+        let coverage = Coverage::new(config.persist_lag);
+        let readiness = Readiness::new(coverage.clone());
         let store = Store::connect(
             config.mongodb_uri.expose(),
             &config.mongodb_database,
             &config.mongodb_collection,
             config.index_hint(),
             config.store_timeout_ms,
+            config.persist_lag,
             metrics.clone(),
         )
         .await
@@ -66,21 +71,20 @@ impl Application {
         let views = Views::new(
             store.clone(),
             metrics.clone(),
+            coverage.clone(),
             config.cache_max_bytes,
             config.cache_idle_secs,
         );
 
         let (events_tx, connection_events) = ingest::connection_events();
+        let callback_coverage = coverage.clone();
         let nats = async_nats::ConnectOptions::new()
             .name("chat-history-view")
             .retry_on_initial_connect()
             .subscription_capacity(config.nats_subscription_capacity)
             .event_callback(move |event| {
-                let events_tx = events_tx.clone();
-                async move {
-                    // Full: a downgrade is already queued. Closed: the service is stopping.
-                    let _ = events_tx.try_send(event);
-                }
+                ingest::on_connection_event(&callback_coverage, &events_tx, event);
+                std::future::ready(())
             })
             .connect(config.nats_url.as_str())
             .await
@@ -91,6 +95,9 @@ impl Application {
             .subscribe(config.subject.clone())
             .await
             .with_context(|| format!("cannot subscribe to {} (--subject)", config.subject))?;
+        let probe = ProbeSubscription::new(&nats)
+            .await
+            .context("cannot subscribe to the subscription confirmation probe")?;
 
         let listener = TcpListener::bind(config.listen)
             .await
@@ -109,7 +116,9 @@ impl Application {
             store,
             nats,
             subscriber,
+            probe,
             connection_events,
+            coverage,
         })
     }
 
@@ -131,7 +140,9 @@ impl Application {
             store,
             nats,
             subscriber,
+            probe,
             connection_events,
+            coverage,
         } = self;
         let address = listener
             .local_addr()
@@ -142,15 +153,17 @@ impl Application {
             state.views.clone(),
             state.metrics.clone(),
             state.readiness.clone(),
+            coverage,
         );
         if nats.connection_state() == async_nats::connection::State::Connected {
             ingest.set_connected(true);
         }
-        tracker.spawn(
-            ingest
-                .clone()
-                .watch_connection(connection_events, stop.clone()),
-        );
+        tracker.spawn(ingest.clone().watch_connection(
+            nats.clone(),
+            probe,
+            connection_events,
+            stop.clone(),
+        ));
         tracker.spawn(
             state
                 .readiness
@@ -158,6 +171,7 @@ impl Application {
                 .ping_store_until(store, stop.clone()),
         );
         let mut ingest_task = tracker.spawn(ingest.run(subscriber, stop.clone()));
+        let state_views = state.views.clone();
         let server = axum::serve(listener, router(state))
             .with_graceful_shutdown(stop.clone().cancelled_owned())
             .into_future();
@@ -179,6 +193,7 @@ impl Application {
 
         tracing::info!(drain = ?config.shutdown_drain_secs, "stopping: no new events or connections; draining");
         stop.cancel();
+        state_views.stop_background();
         tracker.close();
         let drained = tokio::time::timeout(config.shutdown_drain_secs, async {
             let _ = (&mut server_task).await;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use mongodb::bson::oid::ObjectId;
 use mongodb::bson::raw::RawBsonRef;
 use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 use mongodb::error::{Error as MongoError, ErrorKind};
@@ -20,6 +21,7 @@ use mongodb::{Client, Collection, Database};
 use crate::decode::{DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, USER_AGENT, ViewEvent, decode_row};
 use crate::metrics::{Metrics, Stage};
 use crate::subject::KEY_FIELDS;
+use crate::telemetry::RateLimit;
 
 /// Parents that make a `UserAgent` display event a visibility marker.
 const MARKER_PARENTS: [&str; 2] = ["UserMessageEvent", "HumanInTheLoopResponseEvent"];
@@ -44,6 +46,23 @@ pub enum StoreError {
     ConcurrentReadFailed,
 }
 
+impl StoreError {
+    /// Whether the failure means the store is unreachable or stalled (so aihub's persister most likely could not
+    /// write either), as opposed to a command the store answered with an error.
+    ///
+    /// Chosen: a timeout and every driver error other than a command or write error count as an outage.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            StoreError::Timeout(_) => true,
+            StoreError::Query(error) => !matches!(
+                error.kind.as_ref(),
+                ErrorKind::Command(_) | ErrorKind::Write(_)
+            ),
+            StoreError::ConcurrentReadFailed => false,
+        }
+    }
+}
+
 /// A thread's events as the two-stage query returns them.
 #[derive(Debug, Default)]
 pub struct ThreadRows {
@@ -64,9 +83,13 @@ struct Inner {
     collection: Collection<RawDocumentBuf>,
     hint: Option<String>,
     timeout: Duration,
+    /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
+    persist_lag: Duration,
     metrics: Metrics,
     /// Set once the missing-index warning was logged, so it is logged once per process.
     missing_index_logged: AtomicBool,
+    /// Rate limit of the warning about rows persisted later than the bound.
+    lag_warnings: RateLimit,
 }
 
 impl Store {
@@ -80,6 +103,7 @@ impl Store {
         collection: &str,
         hint: Option<&str>,
         timeout: Duration,
+        persist_lag: Duration,
         metrics: Metrics,
     ) -> Result<Self, MongoError> {
         let mut options = ClientOptions::parse(uri).await?;
@@ -97,8 +121,10 @@ impl Store {
                 database,
                 hint: hint.map(str::to_owned),
                 timeout,
+                persist_lag,
                 metrics,
                 missing_index_logged: AtomicBool::new(false),
+                lag_warnings: RateLimit::default(),
             }),
         })
     }
@@ -212,11 +238,37 @@ impl Store {
         let mut cursor = action.await?;
         let mut events = Vec::new();
         while cursor.advance().await? {
-            if let Decoded::Event(event) = decode_row(cursor.current()) {
+            let row = cursor.current();
+            if let Decoded::Event(event) = decode_row(row) {
+                if let (Ok(id), Ok(created_at)) = (row.get_object_id("_id"), event.created_at) {
+                    self.observe_persister_lag(id, created_at, &event);
+                }
                 events.push(event);
             }
         }
         Ok(events)
+    }
+
+    /// Measures how long after its `created_at` a row was persisted (its `_id` time, whole seconds, so the figure
+    /// is at most one second low and never high), and warns (rate-limited) when that exceeds the bound the
+    /// completeness rule assumes.
+    fn observe_persister_lag(&self, id: ObjectId, created_at_ns: i64, event: &ViewEvent) {
+        let persisted_ns = i128::from(id.timestamp().timestamp_millis()) * 1_000_000;
+        let lag_ns = (persisted_ns - i128::from(created_at_ns)).max(0);
+        let lag = Duration::from_nanos(u64::try_from(lag_ns).unwrap_or(u64::MAX));
+        let bound = self.inner.persist_lag;
+        if self.inner.metrics.persister_lag(lag, bound) && self.inner.lag_warnings.allow() {
+            let key = &event.key;
+            tracing::warn!(
+                thread_id = key.thread_id(),
+                display_id = key.display_id(),
+                event_id = key.event_id(),
+                lag_ms = u64::try_from(lag.as_millis()).unwrap_or(u64::MAX),
+                bound_ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
+                "A stored event was persisted later than HISTORY_VIEW_PERSIST_LAG_MS after it was created; \
+                 views may be served as complete without such events: raise the bound"
+            );
+        }
     }
 
     /// Runs `run` with the configured hint; if the store rejects the hint because the index is missing, runs it
@@ -276,9 +328,9 @@ pub fn events_sort() -> Document {
     doc! {"event_data.created_at": 1, "event_id": 1}
 }
 
-/// Only the fields the decoder reads.
+/// Only the fields the decoder reads, and `_id` (its time measures the persister's lag).
 pub fn projection() -> Document {
-    let mut projection = doc! {"_id": 0};
+    let mut projection = doc! {"_id": 1};
     for field in KEY_FIELDS.iter().chain(&["event_parents"]) {
         projection.insert(*field, 1);
     }

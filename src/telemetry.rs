@@ -33,3 +33,18 @@ where
     };
     result.is_ok()
 }
+
+/// Lets at most one log line per second through for one kind of repeated warning, so a flood of bad input or a
+/// misconfiguration cannot flood the log (the metric next to the line still counts every occurrence).
+#[derive(Debug, Default)]
+pub struct RateLimit(std::sync::atomic::AtomicU64);
+
+impl RateLimit {
+    /// Whether a line may be logged now.
+    pub fn allow(&self) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.0.swap(now, std::sync::atomic::Ordering::Relaxed) != now
+    }
+}

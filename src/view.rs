@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
+use crate::coverage::Epoch;
 use crate::decode::ViewEvent;
 use crate::project::{self, Identity, Projection};
 use crate::subject::DeliveryKey;
@@ -20,10 +21,6 @@ pub enum ViewState {
     /// Holds everything the store held when it was hydrated plus every live event since, with no gap.
     Complete,
 }
-
-/// The live stream's gap count when a view was marked complete. A gap anywhere bumps the cache's count, which
-/// makes every view complete at an older count partial at once, without visiting them.
-pub type Generation = u64;
 
 /// What inserting one event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,8 +47,9 @@ pub struct ThreadView {
     key_hashes: HashSet<u64>,
     /// Approximate heap and inline bytes held, for the cache's byte budget.
     bytes: usize,
-    /// The gap generation at which the view became complete; `None` while partial.
-    complete_at: Option<Generation>,
+    /// The coverage epoch the view became complete at; `None` while partial. A later gap, or a removal in the
+    /// thread's bucket, changes the current epoch and so makes the view partial without visiting it.
+    complete_at: Option<Epoch>,
     /// Displays the last hydration fetched from the store (those visible then). A marker landing live on any other
     /// display may reveal events persisted before that hydration, which the view never fetched, so it makes the
     /// view partial again.
@@ -173,8 +171,8 @@ impl ThreadView {
         project::project_view(&self.ordered, &self.rejected, primary)
     }
 
-    /// The view's state when the live stream's gap count is `current`.
-    pub fn state(&self, current: Generation) -> ViewState {
+    /// The view's state when the thread's coverage epoch is `current`.
+    pub fn state(&self, current: Epoch) -> ViewState {
         if self.complete_at == Some(current) {
             ViewState::Complete
         } else {
@@ -182,21 +180,26 @@ impl ThreadView {
         }
     }
 
-    /// Marks the view complete as of gap generation `at` (the caller knows it holds everything the store held and
-    /// that no gap happened since `at` was read), provided every display a marker made visible was covered by the
-    /// hydration. A marker the store did not return yet (it arrived live, before aihub persisted it) may stand on a
-    /// display whose older events the hydration never fetched. Returns whether the view is now complete.
-    pub fn mark_complete(&mut self, at: Generation) -> bool {
-        let covered = self
-            .ordered
-            .iter()
-            .chain(&self.rejected)
-            .filter(|e| e.is_marker())
-            .all(|e| self.covered.contains(e.key.display_id()));
+    /// Marks the view complete as of coverage epoch `at` (the caller knows it holds everything the store held and
+    /// every live event since), provided [`ThreadView::covers_its_markers`]. Returns whether the view is now
+    /// complete.
+    pub fn mark_complete(&mut self, at: Epoch) -> bool {
+        let covered = self.covers_its_markers();
         if covered {
             self.complete_at = Some(at);
         }
         covered
+    }
+
+    /// Whether every display a marker made visible was covered by the hydration. A marker the store did not return
+    /// yet (it arrived live, before aihub persisted it) may stand on a display whose older events the hydration
+    /// never fetched.
+    pub fn covers_its_markers(&self) -> bool {
+        self.ordered
+            .iter()
+            .chain(&self.rejected)
+            .filter(|e| e.is_marker())
+            .all(|e| self.covered.contains(e.key.display_id()))
     }
 
     /// Forgets that the view was complete. Returns whether it had been complete as of some generation (so a
@@ -297,9 +300,9 @@ mod tests {
             ["d".to_owned()],
             live.clone(),
         );
-        assert_eq!(view.state(0), ViewState::Partial);
-        view.mark_complete(0);
-        assert_eq!(view.state(0), ViewState::Complete);
+        assert_eq!(view.state(Epoch::at_gap(0)), ViewState::Partial);
+        view.mark_complete(Epoch::at_gap(0));
+        assert_eq!(view.state(Epoch::at_gap(0)), ViewState::Complete);
         assert_eq!(view.len(), 3);
         assert!(view.version() > live.version());
     }
@@ -326,13 +329,13 @@ mod tests {
     #[test]
     fn a_marker_on_a_display_the_hydration_did_not_cover_makes_the_view_partial() {
         let mut view = ThreadView::hydrated([], ["d".to_owned()], ThreadView::new());
-        view.mark_complete(3);
+        view.mark_complete(Epoch::at_gap(3));
         view.insert(marker("m1", "d"));
-        assert_eq!(view.state(3), ViewState::Complete);
+        assert_eq!(view.state(Epoch::at_gap(3)), ViewState::Complete);
         view.insert(chunk("c1", json!(6), "on a hidden display"));
-        assert_eq!(view.state(3), ViewState::Complete);
+        assert_eq!(view.state(Epoch::at_gap(3)), ViewState::Complete);
         view.insert(marker("m2", "elsewhere"));
-        assert_eq!(view.state(3), ViewState::Partial);
+        assert_eq!(view.state(Epoch::at_gap(3)), ViewState::Partial);
     }
 
     #[test]
@@ -340,21 +343,21 @@ mod tests {
         let mut live = ThreadView::new();
         live.insert(marker("m1", "new-display"));
         let mut view = ThreadView::hydrated([], ["d".to_owned()], live.clone());
-        assert!(!view.mark_complete(0));
-        assert_eq!(view.state(0), ViewState::Partial);
+        assert!(!view.mark_complete(Epoch::at_gap(0)));
+        assert_eq!(view.state(Epoch::at_gap(0)), ViewState::Partial);
         let mut view = ThreadView::hydrated([], ["d".to_owned(), "new-display".to_owned()], live);
-        assert!(view.mark_complete(0));
+        assert!(view.mark_complete(Epoch::at_gap(0)));
     }
 
     #[test]
     fn a_gap_after_completion_makes_the_view_partial() {
         let mut view = ThreadView::hydrated([], Vec::<String>::new(), ThreadView::new());
-        view.mark_complete(7);
-        assert_eq!(view.state(7), ViewState::Complete);
-        assert_eq!(view.state(8), ViewState::Partial);
+        view.mark_complete(Epoch::at_gap(7));
+        assert_eq!(view.state(Epoch::at_gap(7)), ViewState::Complete);
+        assert_eq!(view.state(Epoch::at_gap(8)), ViewState::Partial);
         assert!(view.downgrade());
         assert!(!view.downgrade());
-        assert_eq!(view.state(7), ViewState::Partial);
+        assert_eq!(view.state(Epoch::at_gap(7)), ViewState::Partial);
     }
 
     #[test]

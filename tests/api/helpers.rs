@@ -73,7 +73,8 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// The configuration a test app starts from: its own servers, its own database, port 0.
+/// The configuration a test app starts from: its own servers, its own database, port 0, and no persister-lag
+/// bound (this test's persister is the test itself, which writes before it reads; the tests of the bound set one).
 pub fn base_config(nats_url: &str, mongodb_uri: &str, database: &str) -> Config {
     Config::try_parse_from([
         "chat-history-view",
@@ -87,6 +88,8 @@ pub fn base_config(nats_url: &str, mongodb_uri: &str, database: &str) -> Config 
         "127.0.0.1:0",
         "--log-format",
         "text",
+        "--persist-lag-ms",
+        "0",
     ])
     .expect("test configuration parses")
 }

@@ -1,0 +1,445 @@
+//! `Coverage`: from when on the worker has heard every live event of a thread, and so whether a view built from a
+//! store read that started at a given moment may be marked complete (the persister-lag rule, [design 2.1]).
+//!
+//! An event reaches a view live or through the store. The live stream covers a thread from its *coverage start*
+//! on, the latest of:
+//! - the first confirmed round trip after the subscription was (re)established ([`Coverage::confirm_live`]);
+//! - the handling of the last gap signal ([`Coverage::gap`], [`Coverage::disconnected`]);
+//! - the removal of the thread's previous cache entry ([`Coverage::removed`]);
+//! - the end of the last store outage ([`Coverage::store_failed`], [`Coverage::store_answered`]).
+//!
+//! An event published before the coverage start is in the store once aihub's persister wrote it, which it does
+//! within `HISTORY_VIEW_PERSIST_LAG_MS` (the assumption the rule rests on, measured by the store path). So a store
+//! read that started at least that bound after the coverage start, merged with the live events, holds every event
+//! of the thread: [`Coverage::verdict`].
+//!
+//! Removals are remembered per bucket of thread ids (a fixed array, so the memory never fills up): a removal in a
+//! bucket counts for every thread of the bucket, which is conservative, never wrong.
+//!
+//! Time is a [`Stamp`] on the process's monotonic clock. The rules take `now` from their caller, so they are
+//! tested with a hand-driven clock; the `*_now` wrappers read the real one.
+//!
+//! [design 2.1]: ../docs/design.md#21-the-persister-lag-rule
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// A moment: nanoseconds since the coverage's origin (process start) on the monotonic clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stamp(u64);
+
+impl Stamp {
+    /// Never happened (a coverage start of `NEVER` covers nothing).
+    const NEVER: u64 = u64::MAX;
+
+    pub fn from_nanos(nanos: u64) -> Self {
+        Self(nanos)
+    }
+
+    fn plus(self, duration: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_add(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+}
+
+/// Buckets of thread ids for the removal memory: 64 Ki buckets (512 KiB). A removal delays completion for the
+/// threads that share its bucket, so more buckets mean fewer needless deferrals under eviction churn.
+const REMOVAL_BUCKETS: usize = 1 << 16;
+
+/// Which removal bucket a thread falls in.
+pub fn bucket(thread_id: &str) -> usize {
+    let mut hasher = DefaultHasher::new();
+    thread_id.hash(&mut hasher);
+    // Truncation is the point: the low bits pick the bucket.
+    (hasher.finish() as usize) & (REMOVAL_BUCKETS - 1)
+}
+
+/// What a complete view is complete against: the last gap, and the last removal in its thread's bucket. When
+/// either moves on, the view is partial again (without visiting it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Epoch {
+    gap: u64,
+    removal: u64,
+}
+
+#[cfg(test)]
+impl Epoch {
+    /// An epoch with the given gap generation and no removal, for tests of code that only compares epochs.
+    pub(crate) fn at_gap(gap: u64) -> Self {
+        Self { gap, removal: 0 }
+    }
+}
+
+/// Taken when a store read starts; judged by [`Coverage::verdict`] when it has finished.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadStart {
+    at: Stamp,
+    bucket: usize,
+}
+
+/// Whether a view whose store read started at a [`ReadStart`] may be marked complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The read started at least the bound after the thread's coverage start: complete as of this epoch.
+    Complete(Epoch),
+    /// The read started too early; a read starting at this moment (or later) can be complete, unless the coverage
+    /// start moves again meanwhile.
+    Deferred(Stamp),
+    /// The live stream is not confirmed, or the store is failing: no moment can be named yet.
+    Uncovered,
+}
+
+/// Shared coverage state. Cloning is cheap.
+#[derive(Clone)]
+pub struct Coverage {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    origin: Instant,
+    /// `HISTORY_VIEW_PERSIST_LAG_MS`.
+    lag: Duration,
+    /// When the subscription was last confirmed live; `NEVER` while it is not (before the first confirmation, and
+    /// from a disconnect until the next one).
+    live_since: AtomicU64,
+    /// Bumped by every disconnect, so that a confirmation probe sent before it does not count after it.
+    connection: AtomicU64,
+    /// Serialises the transitions of `live_since` and `connection` (rare; reads stay lock-free).
+    transitions: Mutex<()>,
+    /// The moment of the last gap signal; strictly increasing, so it is also the gap generation.
+    last_gap: AtomicU64,
+    /// When the store last recovered from an outage; `NEVER` during one. 0: no outage seen.
+    store_ok_since: AtomicU64,
+    /// Per bucket of thread ids, the moment of the last removal of a cache entry; strictly increasing per bucket.
+    removals: Box<[AtomicU64]>,
+}
+
+/// Moves `cell` to `now`, or one past its value when `now` is not later, and returns the new value: a moment that
+/// also serves as a generation (every call changes it).
+fn advance(cell: &AtomicU64, now: Stamp) -> u64 {
+    let previous = cell
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+            Some(now.0.max(old.saturating_add(1)))
+        })
+        // The closure always returns Some.
+        .unwrap_or_else(|old| old);
+    now.0.max(previous.saturating_add(1))
+}
+
+impl Coverage {
+    pub fn new(lag: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                origin: Instant::now(),
+                lag,
+                live_since: AtomicU64::new(Stamp::NEVER),
+                connection: AtomicU64::new(0),
+                transitions: Mutex::new(()),
+                last_gap: AtomicU64::new(0),
+                store_ok_since: AtomicU64::new(0),
+                removals: (0..REMOVAL_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            }),
+        }
+    }
+
+    /// The persister-lag bound.
+    pub fn lag(&self) -> Duration {
+        self.inner.lag
+    }
+
+    /// The current moment.
+    pub fn now(&self) -> Stamp {
+        Stamp(u64::try_from(self.inner.origin.elapsed().as_nanos()).unwrap_or(u64::MAX - 1))
+    }
+
+    /// The real-clock instant of `stamp`.
+    pub fn instant(&self, stamp: Stamp) -> Instant {
+        self.inner.origin + Duration::from_nanos(stamp.0)
+    }
+
+    /// Whether the subscription is confirmed live now.
+    pub fn is_live(&self) -> bool {
+        self.inner.live_since.load(Ordering::Acquire) != Stamp::NEVER
+    }
+
+    /// The connection's epoch, to be handed back to [`Coverage::confirm_live`] with the answer to a probe sent now.
+    pub fn connection(&self) -> u64 {
+        self.inner.connection.load(Ordering::Acquire)
+    }
+
+    /// A probe sent during `connection` came back at `now`: the server has processed the subscription, so every
+    /// event published from now on is delivered. Returns whether this made the stream live (it was not yet, and no
+    /// disconnect happened since the probe was sent).
+    pub fn confirm_live(&self, connection: u64, now: Stamp) -> bool {
+        let _transition = self
+            .inner
+            .transitions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        connection == self.inner.connection.load(Ordering::Acquire)
+            && self
+                .inner
+                .live_since
+                .compare_exchange(Stamp::NEVER, now.0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// The connection to NATS is lost: nothing is covered until the next confirmation, and it is a gap.
+    pub fn disconnected(&self, now: Stamp) {
+        {
+            let _transition = self
+                .inner
+                .transitions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.inner.connection.fetch_add(1, Ordering::AcqRel);
+            self.inner.live_since.store(Stamp::NEVER, Ordering::Release);
+        }
+        self.gap(now);
+    }
+
+    /// A possible gap in the live stream (a slow-consumer drop, a client or server error, a dropped connection
+    /// event, a full internal queue): every complete view becomes partial, and coverage starts again at `now`.
+    pub fn gap(&self, now: Stamp) {
+        advance(&self.inner.last_gap, now);
+    }
+
+    /// The cache let go of an entry of a thread in `bucket` at `now`: its events are gone with it, so the thread's
+    /// next entry covers it from `now` only.
+    pub fn removed(&self, bucket: usize, now: Stamp) {
+        advance(&self.inner.removals[bucket], now);
+    }
+
+    /// A store query or ping failed as an outage: aihub's persister most likely could not write either.
+    pub fn store_failed(&self) {
+        self.inner
+            .store_ok_since
+            .store(Stamp::NEVER, Ordering::Release);
+    }
+
+    /// The store answered at `now`; if it was failing, the outage ends now.
+    pub fn store_answered(&self, now: Stamp) {
+        // Err: it was not failing; nothing to record.
+        let _ = self.inner.store_ok_since.compare_exchange(
+            Stamp::NEVER,
+            now.0,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// The epoch a view of a thread in `bucket` is complete against now.
+    pub fn epoch(&self, bucket: usize) -> Epoch {
+        Epoch {
+            gap: self.inner.last_gap.load(Ordering::Acquire),
+            removal: self.inner.removals[bucket].load(Ordering::Acquire),
+        }
+    }
+
+    /// Taken immediately before the first store query of a read of a thread in `bucket`.
+    pub fn read_start(&self, bucket: usize, now: Stamp) -> ReadStart {
+        ReadStart { at: now, bucket }
+    }
+
+    /// Judges, once the read has finished, whether the view it built may be complete: only if the read started at
+    /// least the bound after the thread's coverage start as it stands now (a gap, disconnect or removal during the
+    /// read moves the coverage start past the read's start, so the read cannot count).
+    pub fn verdict(&self, start: &ReadStart) -> Verdict {
+        // The epoch is read first: if anything moves after this, the recorded epoch is already stale and the view
+        // is partial at its next read.
+        let epoch = self.epoch(start.bucket);
+        let live_since = self.inner.live_since.load(Ordering::Acquire);
+        let store_ok_since = self.inner.store_ok_since.load(Ordering::Acquire);
+        if live_since == Stamp::NEVER || store_ok_since == Stamp::NEVER {
+            return Verdict::Uncovered;
+        }
+        let coverage_start = Stamp(
+            live_since
+                .max(epoch.gap)
+                .max(epoch.removal)
+                .max(store_ok_since),
+        );
+        let earliest = coverage_start.plus(self.inner.lag);
+        if start.at >= earliest {
+            Verdict::Complete(epoch)
+        } else {
+            Verdict::Deferred(earliest)
+        }
+    }
+
+    /// [`Coverage::read_start`] at the current moment.
+    pub fn read_start_now(&self, bucket: usize) -> ReadStart {
+        self.read_start(bucket, self.now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LAG: Duration = Duration::from_millis(2000);
+
+    fn ms(ms: u64) -> Stamp {
+        Stamp(ms * 1_000_000)
+    }
+
+    /// A coverage whose stream was confirmed live at 0 ms (connection 0).
+    fn live_at(at: Stamp) -> Coverage {
+        let coverage = Coverage::new(LAG);
+        assert!(coverage.confirm_live(0, at));
+        coverage
+    }
+
+    fn verdict_of_read_at(coverage: &Coverage, bucket: usize, at: Stamp) -> Verdict {
+        coverage.verdict(&coverage.read_start(bucket, at))
+    }
+
+    #[test]
+    fn nothing_is_complete_before_the_subscription_is_confirmed() {
+        let coverage = Coverage::new(LAG);
+        assert_eq!(
+            verdict_of_read_at(&coverage, 0, ms(10_000)),
+            Verdict::Uncovered
+        );
+        assert!(!coverage.is_live());
+    }
+
+    #[test]
+    fn a_read_is_complete_only_once_the_bound_has_passed_since_confirmation() {
+        let coverage = live_at(ms(1_000));
+        assert_eq!(
+            verdict_of_read_at(&coverage, 0, ms(2_999)),
+            Verdict::Deferred(ms(3_000))
+        );
+        assert!(matches!(
+            verdict_of_read_at(&coverage, 0, ms(3_000)),
+            Verdict::Complete(_)
+        ));
+    }
+
+    #[test]
+    fn a_gap_moves_coverage_start_and_changes_the_epoch() {
+        let coverage = live_at(ms(0));
+        let before = coverage.epoch(7);
+        coverage.gap(ms(5_000));
+        assert_ne!(coverage.epoch(7), before, "complete views become partial");
+        assert_eq!(
+            verdict_of_read_at(&coverage, 7, ms(6_000)),
+            Verdict::Deferred(ms(7_000))
+        );
+        assert!(matches!(
+            verdict_of_read_at(&coverage, 7, ms(7_000)),
+            Verdict::Complete(_)
+        ));
+    }
+
+    #[test]
+    fn a_gap_during_a_read_leaves_it_deferred() {
+        let coverage = live_at(ms(0));
+        let start = coverage.read_start(1, ms(10_000));
+        coverage.gap(ms(10_001));
+        assert_eq!(coverage.verdict(&start), Verdict::Deferred(ms(12_001)));
+    }
+
+    #[test]
+    fn gaps_at_the_same_moment_still_change_the_epoch() {
+        let coverage = live_at(ms(0));
+        coverage.gap(ms(5));
+        let first = coverage.epoch(0);
+        coverage.gap(ms(5));
+        assert_ne!(coverage.epoch(0), first);
+    }
+
+    #[test]
+    fn a_disconnect_uncovers_until_a_probe_sent_after_it_returns() {
+        let coverage = live_at(ms(0));
+        let stale_probe = coverage.connection();
+        coverage.disconnected(ms(4_000));
+        assert!(!coverage.is_live());
+        assert_eq!(
+            verdict_of_read_at(&coverage, 0, ms(9_000)),
+            Verdict::Uncovered
+        );
+        // A probe sent before the disconnect proves nothing about the new connection.
+        assert!(!coverage.confirm_live(stale_probe, ms(5_000)));
+        let probe = coverage.connection();
+        assert!(coverage.confirm_live(probe, ms(6_000)));
+        // A second answer does not move the start later.
+        assert!(!coverage.confirm_live(probe, ms(7_000)));
+        assert_eq!(
+            verdict_of_read_at(&coverage, 0, ms(7_000)),
+            Verdict::Deferred(ms(8_000))
+        );
+    }
+
+    #[test]
+    fn a_removal_defers_its_bucket_only_and_changes_its_epoch() {
+        let coverage = live_at(ms(0));
+        let (evicted, other) = (bucket("thread-a"), bucket("thread-b"));
+        assert_ne!(evicted, other, "the two test threads share a bucket");
+        let other_epoch = coverage.epoch(other);
+        let evicted_epoch = coverage.epoch(evicted);
+        coverage.removed(evicted, ms(10_000));
+        assert_eq!(coverage.epoch(other), other_epoch);
+        assert_ne!(coverage.epoch(evicted), evicted_epoch);
+        assert_eq!(
+            verdict_of_read_at(&coverage, evicted, ms(11_000)),
+            Verdict::Deferred(ms(12_000))
+        );
+        assert!(matches!(
+            verdict_of_read_at(&coverage, other, ms(11_000)),
+            Verdict::Complete(_)
+        ));
+    }
+
+    #[test]
+    fn a_removal_after_a_view_completed_makes_it_partial() {
+        // The removal of an older entry may be recorded after the next entry was hydrated; the epoch catches it.
+        let coverage = live_at(ms(0));
+        let b = bucket("t");
+        let Verdict::Complete(epoch) = verdict_of_read_at(&coverage, b, ms(5_000)) else {
+            panic!("complete expected");
+        };
+        coverage.removed(b, ms(5_001));
+        assert_ne!(coverage.epoch(b), epoch);
+    }
+
+    #[test]
+    fn a_store_outage_uncovers_and_its_end_starts_coverage_again() {
+        let coverage = live_at(ms(0));
+        coverage.store_failed();
+        assert_eq!(
+            verdict_of_read_at(&coverage, 0, ms(9_000)),
+            Verdict::Uncovered
+        );
+        coverage.store_answered(ms(9_500));
+        // Answers while the store is healthy do not move the start.
+        coverage.store_answered(ms(9_900));
+        assert_eq!(
+            verdict_of_read_at(&coverage, 0, ms(10_000)),
+            Verdict::Deferred(ms(11_500))
+        );
+        assert!(matches!(
+            verdict_of_read_at(&coverage, 0, ms(11_500)),
+            Verdict::Complete(_)
+        ));
+    }
+
+    #[test]
+    fn a_zero_bound_completes_any_read_started_after_coverage_start() {
+        let coverage = Coverage::new(Duration::ZERO);
+        assert!(coverage.confirm_live(0, ms(100)));
+        assert_eq!(
+            verdict_of_read_at(&coverage, 0, ms(99)),
+            Verdict::Deferred(ms(100))
+        );
+        assert!(matches!(
+            verdict_of_read_at(&coverage, 0, ms(100)),
+            Verdict::Complete(_)
+        ));
+    }
+}
