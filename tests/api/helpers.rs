@@ -398,8 +398,22 @@ impl BinaryApp {
 impl BinaryApp {
     /// Sends SIGTERM, as Kubernetes does.
     pub fn terminate(&self) {
+        self.signal("-TERM");
+    }
+
+    /// Freezes the process (SIGSTOP): its sockets stay open, nothing is read.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
         let _ = std::process::Command::new("kill")
-            .arg("-TERM")
+            .arg(signal)
             .arg(self.child.id().to_string())
             .status();
     }

@@ -22,6 +22,10 @@ mod store;
 mod http;
 // The live path: read-after-publish, convergence, gaps, shared hydration, warnings, memory.
 mod live;
+// A TCP proxy that tests cut, to lose a link for certain.
+mod proxy;
+// The persister-lag rule end to end: late persistence after start, gaps, evictions and store outages.
+mod persister_lag;
 // Graceful shutdown.
 mod shutdown;
 // Metrics and readiness.

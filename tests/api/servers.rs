@@ -196,6 +196,11 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.process.port)
     }
 
+    /// The client port, for a proxy in front of the server.
+    pub fn address(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.process.port))
+    }
+
     pub fn stop(&mut self) {
         self.process.stop();
     }

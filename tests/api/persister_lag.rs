@@ -1,0 +1,447 @@
+//! The persister-lag rule through the built binary (default bound, 2 s): an event the worker did not hear live
+//! and aihub persisted late is never hidden by a view served from memory. Each scenario makes its fault happen
+//! for certain (a proxy cut, SIGSTOP, idle expiry, a tiny budget) and ends with a read served from `cache` that
+//! equals a cold read of a fresh worker. The rule's timing itself is unit-tested with a hand-driven clock in
+//! `src/coverage.rs`.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::helpers::{
+    Api, BinaryApp, Reply, TestStore, chunk_row, metric, publish_rows, spawn_app_with, turns,
+    unique, user_row,
+};
+use crate::proxy::Proxy;
+use crate::servers::{MongoServer, NatsServer};
+
+/// Real servers, a database with aihub's indexes, and a publisher playing aihub's agents.
+struct Scene {
+    nats: NatsServer,
+    mongo: MongoServer,
+    database: String,
+    store: TestStore,
+    publisher: async_nats::Client,
+}
+
+impl Scene {
+    async fn new() -> Self {
+        let nats = NatsServer::start();
+        let mongo = MongoServer::start();
+        let database = unique("lag");
+        let store = TestStore::connect(&mongo.uri(), &database).await;
+        store.create_aihub_indexes().await;
+        let publisher = async_nats::connect(nats.url()).await.expect("publisher");
+        Self {
+            nats,
+            mongo,
+            database,
+            store,
+            publisher,
+        }
+    }
+
+    /// The binary with its default persister-lag bound, reaching NATS at `nats_url`; ready.
+    async fn worker(&self, nats_url: String, env: &[(&str, &str)]) -> BinaryApp {
+        let mut settings = vec![
+            ("HISTORY_VIEW_NATS_URL", nats_url),
+            ("HISTORY_VIEW_MONGODB_URI", self.mongo.uri()),
+            ("HISTORY_VIEW_MONGODB_DATABASE", self.database.clone()),
+        ];
+        settings.extend(env.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        let app = BinaryApp::start(&settings).await;
+        app.wait_ready().await;
+        app
+    }
+
+    /// What a fresh worker answers for `thread` (its first read comes from the store).
+    async fn cold_read(&self, thread: &str) -> Reply {
+        let fresh = self.worker(self.nats.url(), &[]).await;
+        let reply = fresh.api.history(thread, "").await;
+        assert_eq!(reply.header("x-history-source"), Some("store"));
+        reply
+    }
+
+    /// The scenarios' common end: the worker serves `thread` from memory, with `expected` messages, byte for byte
+    /// what a fresh worker reads from the store.
+    async fn assert_served_from_cache(&self, api: &Api, thread: &str, expected: Value) {
+        let served = read_until_cache(api, thread).await;
+        assert_eq!(served.json()["messages"], expected, "{}", served.body);
+        assert_eq!(served.body, self.cold_read(thread).await.body);
+    }
+}
+
+/// A `created_at` (ns) for the `i`th event of a scenario: now, as aihub stamps events.
+fn now_ns(i: i64) -> i64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    i64::try_from(now.as_nanos()).expect("ns fit i64") + i
+}
+
+/// Reads until the answer comes from memory (the bound passes within a few seconds), and returns it.
+async fn read_until_cache(api: &Api, thread: &str) -> Reply {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = api.history(thread, "").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        if reply.header("x-history-source") == Some("cache") {
+            return reply;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never served from memory: {}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `/metrics` shows `name` at `at_least` or more.
+async fn wait_metric(api: &Api, name: &str, at_least: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = api.metrics().await;
+        if metric(&metrics, name) >= at_least {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} < {at_least}:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `/readyz` reports `check` (`nats` or `store`) as `ok`.
+async fn wait_check(api: &Api, check: &str, ok: bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = api.get("/readyz", &[]).await;
+        if reply.json()["checks"][check]["ok"] == ok {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{check} never became {ok}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn messages(reply: &Reply) -> Value {
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    reply.json()["messages"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_published_before_the_worker_started_appears_once_persisted() {
+    let scene = Scene::new().await;
+    let thread = "t-before-start";
+    let rows = [
+        user_row(thread, "d1", "e1", now_ns(0), "Q"),
+        chunk_row(thread, "d1", "A", "e2", now_ns(1), "answer"),
+    ];
+    // Published while no worker listens; aihub's persister has not written it yet.
+    publish_rows(&scene.publisher, &rows).await;
+    let app = scene.worker(scene.nats.url(), &[]).await;
+    let first = app.api.history(thread, "").await;
+    assert_eq!(messages(&first), json!([]));
+    assert_eq!(first.header("x-history-source"), Some("store"));
+
+    // The persister catches up within the bound; the view is completed in the background, without a reader.
+    scene.store.insert_rows(&rows).await;
+    wait_metric(
+        &app.api,
+        "history_view_background_rereads_total{result=\"complete\"}",
+        1.0,
+    )
+    .await;
+    let next = app.api.history(thread, "").await;
+    assert_eq!(next.header("x-history-source"), Some("cache"));
+    assert_eq!(
+        messages(&next),
+        turns(&[("user", "Q"), ("assistant", "answer")])
+    );
+    assert_eq!(next.body, scene.cold_read(thread).await.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_missed_while_the_link_to_nats_was_cut_appear_once_persisted() {
+    let scene = Scene::new().await;
+    let proxy = Proxy::start(scene.nats.address()).await;
+    let app = scene.worker(proxy.nats_url(), &[]).await;
+    let thread = "t-link-cut";
+    scene
+        .store
+        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
+        .await;
+    read_until_cache(&app.api, thread).await;
+
+    proxy.cut();
+    app.api.wait_readiness(false).await;
+    let missed = [
+        chunk_row(thread, "d1", "A", "e2", now_ns(1), "missed "),
+        chunk_row(thread, "d1", "A", "e3", now_ns(2), "twice"),
+    ];
+    publish_rows(&scene.publisher, &missed).await;
+    proxy.restore();
+    app.wait_ready().await;
+
+    // The persister is behind: the store lacks both events, and so does the answer; the view stays partial.
+    let behind = app.api.history(thread, "").await;
+    assert_eq!(messages(&behind), turns(&[("user", "Q")]));
+    assert_eq!(behind.header("x-history-source"), Some("store"));
+    scene.store.insert_rows(&missed).await;
+    scene
+        .assert_served_from_cache(
+            &app.api,
+            thread,
+            turns(&[("user", "Q"), ("assistant", "missed twice")]),
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_dropped_by_a_slow_consumer_appear_once_persisted() {
+    let scene = Scene::new().await;
+    let app = scene
+        .worker(
+            scene.nats.url(),
+            &[("HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY", "8")],
+        )
+        .await;
+    let thread = "t-slow";
+    scene
+        .store
+        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
+        .await;
+    read_until_cache(&app.api, thread).await;
+
+    // Frozen, the worker reads nothing; let go, it finds thousands of messages and room for eight. Whether the
+    // thread's event is among those dropped is up to the race, so the scenario repeats until it is.
+    let mut expected = String::new();
+    for attempt in 0..5 {
+        let text = format!("part{attempt} ");
+        let event = chunk_row(
+            thread,
+            "d1",
+            "A",
+            &format!("c{attempt}"),
+            now_ns(1 + attempt),
+            &text,
+        );
+        let mut flood: Vec<Value> = (0..4_000)
+            .map(|i| chunk_row("t-flood", "d1", "A", &format!("f{attempt}-{i}"), i, "x"))
+            .collect();
+        flood.insert(2_000, event.clone());
+        let drops_before = metric(
+            &app.api.metrics().await,
+            "history_view_nats_connection_events_total{event=\"slow_consumer\"}",
+        );
+        app.pause();
+        publish_rows(&scene.publisher, &flood).await;
+        app.resume();
+        wait_metric(
+            &app.api,
+            "history_view_nats_connection_events_total{event=\"slow_consumer\"}",
+            drops_before + 1.0,
+        )
+        .await;
+        expected.push_str(&text);
+        let after = app.api.history(thread, "").await;
+        let dropped = !after.body.contains(&text);
+        scene.store.insert_rows(&[event]).await;
+        if dropped {
+            scene
+                .assert_served_from_cache(
+                    &app.api,
+                    thread,
+                    turns(&[("user", "Q"), ("assistant", &expected)]),
+                )
+                .await;
+            return;
+        }
+    }
+    panic!("in five attempts the slow consumer never dropped the thread's event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_held_only_by_an_expired_entry_appears_once_persisted() {
+    let scene = Scene::new().await;
+    let app = scene
+        .worker(scene.nats.url(), &[("HISTORY_VIEW_CACHE_IDLE_SECS", "1")])
+        .await;
+    let thread = "t-expired";
+    scene
+        .store
+        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
+        .await;
+    read_until_cache(&app.api, thread).await;
+
+    // Heard live and held by the entry only; the persister is behind. The entry then goes idle and expires.
+    let late = chunk_row(thread, "d1", "A", "e2", now_ns(1), "late");
+    let received = metric(
+        &app.api.metrics().await,
+        "history_view_events_total{outcome=\"relevant\"}",
+    );
+    publish_rows(&scene.publisher, std::slice::from_ref(&late)).await;
+    wait_metric(
+        &app.api,
+        "history_view_events_total{outcome=\"relevant\"}",
+        received + 1.0,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    // The thread's next entry reads the store, which lacks the event: partial, not complete.
+    let recreated = app.api.history(thread, "").await;
+    assert_eq!(messages(&recreated), turns(&[("user", "Q")]));
+    assert_eq!(recreated.header("x-history-source"), Some("store"));
+    scene.store.insert_rows(&[late]).await;
+    scene
+        .assert_served_from_cache(
+            &app.api,
+            thread,
+            turns(&[("user", "Q"), ("assistant", "late")]),
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_held_only_by_an_evicted_entry_appears_once_persisted() {
+    let scene = Scene::new().await;
+    let app = scene
+        .worker(
+            scene.nats.url(),
+            &[("HISTORY_VIEW_CACHE_MAX_BYTES", "256KiB")],
+        )
+        .await;
+    let thread = "t-evicted";
+    scene
+        .store
+        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
+        .await;
+    read_until_cache(&app.api, thread).await;
+
+    // Each round: an event reaches the thread live only, then other threads stream in until the budget pushes
+    // the thread out (the eviction policy decides when; the round repeats until it has).
+    let mut expected = String::new();
+    for round in 0..5 {
+        let text = format!("part{round} ");
+        let event = chunk_row(
+            thread,
+            "d1",
+            "A",
+            &format!("c{round}"),
+            now_ns(1 + round),
+            &text,
+        );
+        let received = metric(&app.api.metrics().await, "history_view_events_total");
+        publish_rows(&scene.publisher, std::slice::from_ref(&event)).await;
+        let flood: Vec<Value> = (0..1_500)
+            .flat_map(|t| {
+                (0..6).map(move |c| {
+                    chunk_row(
+                        &format!("other-{round}-{t}"),
+                        "d1",
+                        "A",
+                        &format!("c{c}"),
+                        c,
+                        &"x".repeat(100),
+                    )
+                })
+            })
+            .collect();
+        publish_rows(&scene.publisher, &flood).await;
+        app.api
+            .wait_for_events(received as u64 + 1 + flood.len() as u64)
+            .await;
+        expected.push_str(&text);
+        let after = app.api.history(thread, "").await;
+        let evicted = after.header("x-history-source") == Some("store");
+        if evicted {
+            assert!(
+                !after.body.contains(&text),
+                "the store cannot have it yet: {}",
+                after.body
+            );
+        }
+        scene.store.insert_rows(&[event]).await;
+        if evicted {
+            scene
+                .assert_served_from_cache(
+                    &app.api,
+                    thread,
+                    turns(&[("user", "Q"), ("assistant", &expected)]),
+                )
+                .await;
+            return;
+        }
+    }
+    panic!("in five rounds the budget never evicted the thread");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_persisted_late_after_a_store_outage_appear() {
+    let scene = Scene::new().await;
+    let proxy = Proxy::start(scene.nats.address()).await;
+    let app = scene
+        .worker(
+            proxy.nats_url(),
+            &[("HISTORY_VIEW_STORE_TIMEOUT_MS", "500")],
+        )
+        .await;
+    let thread = "t-outage";
+    scene
+        .store
+        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
+        .await;
+    read_until_cache(&app.api, thread).await;
+
+    // The store freezes; meanwhile the worker also loses NATS and misses an event, which aihub's persister cannot
+    // write while the store is down.
+    scene.mongo.pause();
+    wait_check(&app.api, "store", false).await;
+    proxy.cut();
+    wait_check(&app.api, "nats", false).await;
+    let missed = chunk_row(thread, "d1", "A", "e2", now_ns(1), "during the outage");
+    publish_rows(&scene.publisher, std::slice::from_ref(&missed)).await;
+    proxy.restore();
+    wait_check(&app.api, "nats", true).await;
+    // Long enough that the reconnect alone would no longer hold the view back: only the outage's end does.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    scene.mongo.resume();
+    app.wait_ready().await;
+
+    let behind = app.api.history(thread, "").await;
+    assert_eq!(messages(&behind), turns(&[("user", "Q")]));
+    scene.store.insert_rows(&[missed]).await;
+    scene
+        .assert_served_from_cache(
+            &app.api,
+            thread,
+            turns(&[("user", "Q"), ("assistant", "during the outage")]),
+        )
+        .await;
+}
+
+#[tokio::test]
+async fn hydration_measures_the_persister_lag_and_counts_rows_beyond_the_bound() {
+    let app = spawn_app_with(|c| c.persist_lag = Duration::from_secs(2)).await;
+    let thread = "t-lag";
+    app.store
+        .insert_rows(&[
+            user_row(thread, "d1", "e1", now_ns(0), "Q"),
+            chunk_row(thread, "d1", "A", "e2", now_ns(1), "fresh"),
+            // Persisted a minute after it was created.
+            chunk_row(thread, "d1", "A", "e3", now_ns(-60_000_000_000), "stale"),
+        ])
+        .await;
+    assert_eq!(app.api.history(thread, "").await.status, 200);
+    let metrics = app.api.metrics().await;
+    assert_eq!(
+        metric(&metrics, "history_view_persister_lag_seconds_count"),
+        3.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "history_view_persister_lag_exceeded_total"),
+        1.0
+    );
+    assert!(metric(&metrics, "history_view_persister_lag_seconds_sum") >= 59.0);
+}
