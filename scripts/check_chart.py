@@ -74,6 +74,7 @@ CASES: dict[str, dict[str, Any]] = {
             "cacheMaxBytes": 805306368,
             "cacheIdleSecs": 600,
             "storeTimeoutMs": 1500,
+            "persistLagMs": 5000,
             "shutdownDrainSecs": 20,
         },
         "terminationGracePeriodSeconds": 45,
@@ -100,6 +101,7 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
     "an unknown top-level key": ({"replicaCount": 1}, "'replicaCount'"),
     "a string where an integer belongs": ({"config": {"cacheMaxBytes": "256Mi"}}, "/config/cacheMaxBytes"),
     "an unknown log format": ({"config": {"logFormat": "xml"}}, "/config/logFormat"),
+    "a negative persister-lag bound": ({"config": {"persistLagMs": -1}}, "/config/persistLagMs"),
     "a writable root filesystem": ({"securityContext": {"readOnlyRootFilesystem": False}}, "readOnlyRootFilesystem"),
     "running as root allowed": ({"podSecurityContext": {"runAsNonRoot": False}}, "runAsNonRoot"),
     "a grace period not above the drain": (
@@ -120,6 +122,7 @@ EXPECTED_ENV = {
     "HISTORY_VIEW_CACHE_MAX_BYTES",
     "HISTORY_VIEW_CACHE_IDLE_SECS",
     "HISTORY_VIEW_STORE_TIMEOUT_MS",
+    "HISTORY_VIEW_PERSIST_LAG_MS",
     "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS",
     "RUST_LOG",
     "HISTORY_VIEW_LOG_FORMAT",
@@ -308,6 +311,10 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         f"HISTORY_VIEW_CACHE_MAX_BYTES is {env['HISTORY_VIEW_CACHE_MAX_BYTES'].get('value')!r}",
     )
     expect(env["HISTORY_VIEW_MONGODB_INDEX_HINT"]["value"] == values["config"]["mongodb"]["indexHint"], "index hint")
+    expect(
+        env["HISTORY_VIEW_PERSIST_LAG_MS"]["value"] == str(values["config"]["persistLagMs"]),
+        f"HISTORY_VIEW_PERSIST_LAG_MS is {env['HISTORY_VIEW_PERSIST_LAG_MS'].get('value')!r}",
+    )
     drain = int(env["HISTORY_VIEW_SHUTDOWN_DRAIN_SECS"]["value"])
     expect(
         pod["terminationGracePeriodSeconds"] > drain,

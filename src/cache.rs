@@ -240,9 +240,9 @@ impl Views {
             .max_capacity(max_bytes)
             .weigher(|_thread: &String, entry: &Arc<Entry>| entry.charge())
             .time_to_idle(idle)
-            // moka calls the listener under its lock for the key, so the thread's next entry is inserted only
-            // after the removal is recorded. `Replaced` is not a removal: only `reweigh` replaces, with the same
-            // entry.
+            // moka calls the listener under its lock for the key (before the thread's next entry can be inserted,
+            // or right after the insert that replaces an expired entry; the bucket's epoch covers that window).
+            // `Replaced` is not a removal: only `reweigh` replaces, and with the same entry.
             .eviction_listener(move |_thread, entry: Arc<Entry>, cause| {
                 if cause != RemovalCause::Replaced {
                     entry.retire(&removals);

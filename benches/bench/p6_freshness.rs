@@ -31,6 +31,7 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
         (200, "store"),
         "the first read hydrates"
     );
+    worker.read_until_cached(THREAD).await;
     let publisher = setup.nats_client().await;
     let display = data::display(THREAD, 0, SHAPE.displays);
 

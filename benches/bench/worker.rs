@@ -151,6 +151,36 @@ impl Worker {
         self.get(&format!("/v1/threads/{thread}/history")).await
     }
 
+    /// Reads `thread` until the answer comes from memory. A view first read within the persister-lag bound after
+    /// the worker confirmed its subscription is completed by a background re-read once the bound has passed
+    /// (docs/design.md 2.1); this waits for that re-read instead of reading the store again and again.
+    pub async fn read_until_cached(&self, thread: &str) -> Reply {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let rereads = self
+                .metrics()
+                .await
+                .sum("history_view_background_rereads_total");
+            let reply = self.history(thread).await;
+            if reply.source == "cache" {
+                return reply;
+            }
+            while self
+                .metrics()
+                .await
+                .sum("history_view_background_rereads_total")
+                <= rereads
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "{thread} was not served from memory within {READY_TIMEOUT:?}:\n{}",
+                    self.log_tail()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
     pub async fn metrics(&self) -> Scrape {
         let reply = self.get("/metrics").await;
         assert_eq!(reply.status, 200, "GET /metrics");
