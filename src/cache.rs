@@ -88,6 +88,9 @@ struct Entry {
     /// Bumped when a hydration fails, so readers that waited for it fail too instead of queueing one store
     /// timeout after another.
     failed_hydrations: AtomicU64,
+    /// Bumped when a hydration succeeds, so readers that waited for it share its answer even when the view stays
+    /// partial (within the persister-lag bound), instead of each reading the store again.
+    hydrations: AtomicU64,
     /// A background re-read is scheduled, so a deferred view gets one, not one per read.
     reread_scheduled: AtomicBool,
     /// The weight moka charged at the last insert.
@@ -120,6 +123,7 @@ impl Entry {
             retired: AtomicBool::new(false),
             hydration: tokio::sync::Mutex::new(()),
             failed_hydrations: AtomicU64::new(0),
+            hydrations: AtomicU64::new(0),
             reread_scheduled: AtomicBool::new(false),
             charged: AtomicUsize::new(0),
             rendered: Mutex::new(None),
@@ -260,16 +264,19 @@ impl Views {
 
     /// Applies one live event to its thread's current view, creating a partial view for a thread not held.
     ///
-    /// An entry found retired (the cache let go of it since the lookup) is looked up again, a few times: a full
-    /// cache may reject a new thread's entry as soon as it is created. An event that no entry takes is not lost
-    /// for reads: each of those removals was recorded after the event arrived, so the thread's next entry is
-    /// complete only once the store has it.
+    /// An entry found retired (the cache let go of it since the lookup) is looked up again, a few times. An entry
+    /// this call created and the cache rejected at once (a full cache admits no new thread now) is not retried.
+    /// Either way an event that no entry takes is not lost for reads: each of those removals was recorded after
+    /// the event arrived, so the thread's next entry is complete only once the store has it.
     pub async fn apply(&self, event: ViewEvent) -> Inserted {
         for _ in 0..APPLY_ATTEMPTS {
-            let entry = self.entry(event.key.thread_id()).await;
+            let (entry, created) = self.entry(event.key.thread_id()).await;
             let inserted = {
                 let mut view = lock(&entry.view);
                 if entry.retired.load(Ordering::Acquire) {
+                    if created {
+                        break;
+                    }
                     continue;
                 }
                 view.insert(event)
@@ -292,13 +299,14 @@ impl Views {
         thread_id: &str,
         primary: Option<&Identity>,
     ) -> Result<Answer, StoreError> {
-        let entry = self.entry(thread_id).await;
+        let (entry, _) = self.entry(thread_id).await;
         if let Some(answer) = self.complete_answer(&entry, primary, Source::Cache) {
             self.metrics.cache_hit();
             return Ok(answer);
         }
         self.metrics.cache_miss();
         let failures_before = entry.failed_hydrations.load(Ordering::Acquire);
+        let hydrations_before = entry.hydrations.load(Ordering::Acquire);
         let _hydrating = entry.hydration.lock().await;
         // Another reader may have hydrated the view while this one waited, or failed to.
         if let Some(answer) = self.complete_answer(&entry, primary, Source::Store) {
@@ -307,13 +315,18 @@ impl Views {
         if entry.failed_hydrations.load(Ordering::Acquire) != failures_before {
             return Err(StoreError::ConcurrentReadFailed);
         }
-        self.hydrate(&entry).await?;
+        let shared = entry.hydrations.load(Ordering::Acquire) != hydrations_before;
+        if !shared {
+            self.hydrate(&entry).await?;
+        }
         // Answer from what was read even when the view stays partial (the next read hydrates again).
         let answer = {
             let view = lock(&entry.view);
             entry.render(&view, primary, Source::Store, &self.metrics)
         };
-        self.reweigh(&entry).await;
+        if !shared {
+            self.reweigh(&entry).await;
+        }
         Ok(answer)
     }
 
@@ -362,6 +375,7 @@ impl Views {
                 Verdict::Deferred(_) | Verdict::Uncovered => None,
             }
         };
+        entry.hydrations.fetch_add(1, Ordering::AcqRel);
         self.metrics.hydration(true);
         if let Some(until) = deferred {
             self.schedule_reread(entry, until);
@@ -424,13 +438,18 @@ impl Views {
         None
     }
 
-    async fn entry(&self, thread_id: &str) -> Arc<Entry> {
+    /// The thread's current entry, and whether this call created it.
+    async fn entry(&self, thread_id: &str) -> (Arc<Entry>, bool) {
         if let Some(entry) = self.cache.get(thread_id).await {
-            return entry;
+            return (entry, false);
         }
-        self.cache
-            .get_with_by_ref(thread_id, async { Arc::new(Entry::new(thread_id)) })
-            .await
+        let entry = self
+            .cache
+            .entry_by_ref(thread_id)
+            .or_insert_with(async { Arc::new(Entry::new(thread_id)) })
+            .await;
+        let created = entry.is_fresh();
+        (entry.into_value(), created)
     }
 
     /// Re-inserts `entry` so moka weighs it again, if it is still the thread's current entry. An entry the cache
