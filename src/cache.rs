@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coverage::{self, Coverage, Stamp, Verdict};
 use crate::decode::ViewEvent;
-use crate::metrics::{Metrics, RereadResult, Source};
+use crate::metrics::{FillOutcome, Hydration, Metrics, RereadResult, Source};
 use crate::project::{HistoryMessage, Identity, Projection};
 use crate::store::{Store, StoreError};
 use crate::view::{Inserted, ThreadView, ViewState};
@@ -83,8 +83,9 @@ struct Entry {
     /// Set, under the view lock, once the cache let go of this entry: an event that finds it set goes to the
     /// thread's current entry instead.
     retired: AtomicBool,
-    /// Held while hydrating, so concurrent readers of a partial view share one store query.
-    hydration: tokio::sync::Mutex<()>,
+    /// Held while hydrating or filling, so concurrent readers of a partial view share one store query, and a read
+    /// that arrives during a fill waits for it.
+    hydration: Arc<tokio::sync::Mutex<()>>,
     /// Bumped when a hydration fails, so readers that waited for it fail too instead of queueing one store
     /// timeout after another.
     failed_hydrations: AtomicU64,
@@ -93,6 +94,8 @@ struct Entry {
     hydrations: AtomicU64,
     /// A background re-read is scheduled, so a deferred view gets one, not one per read.
     reread_scheduled: AtomicBool,
+    /// A fill is scheduled and has not started reading which displays to fill.
+    fill_scheduled: AtomicBool,
     /// The weight moka charged at the last insert.
     charged: AtomicUsize,
     /// The last rendered answer: (view version, primary identity, answer).
@@ -121,10 +124,11 @@ impl Entry {
             bucket: coverage::bucket(thread_id),
             view: Mutex::new(ThreadView::new()),
             retired: AtomicBool::new(false),
-            hydration: tokio::sync::Mutex::new(()),
+            hydration: Arc::new(tokio::sync::Mutex::new(())),
             failed_hydrations: AtomicU64::new(0),
             hydrations: AtomicU64::new(0),
             reread_scheduled: AtomicBool::new(false),
+            fill_scheduled: AtomicBool::new(false),
             charged: AtomicUsize::new(0),
             rendered: Mutex::new(None),
             warned: Mutex::new(HashSet::new()),
@@ -271,7 +275,7 @@ impl Views {
     pub async fn apply(&self, event: ViewEvent) -> Inserted {
         for _ in 0..APPLY_ATTEMPTS {
             let (entry, created) = self.entry(event.key.thread_id()).await;
-            let inserted = {
+            let (inserted, fill_due) = {
                 let mut view = lock(&entry.view);
                 if entry.retired.load(Ordering::Acquire) {
                     if created {
@@ -279,8 +283,12 @@ impl Views {
                     }
                     continue;
                 }
-                view.insert(event)
+                let inserted = view.insert(event);
+                (inserted, view.take_fill_due())
             };
+            if fill_due {
+                self.schedule_fill(&entry);
+            }
             if entry.outgrew_charge() {
                 self.reweigh(&entry).await;
             }
@@ -317,7 +325,7 @@ impl Views {
         }
         let shared = entry.hydrations.load(Ordering::Acquire) != hydrations_before;
         if !shared {
-            self.hydrate(&entry).await?;
+            self.hydrate(&entry, Hydration::OnRead).await?;
         }
         // Answer from what was read even when the view stays partial (the next read hydrates again).
         let answer = {
@@ -344,9 +352,9 @@ impl Views {
 
     /// Reads the thread from the store and merges the live events held; marks the view complete when the coverage
     /// verdict allows it, or schedules a re-read for when it will. The caller holds the entry's hydration lock.
-    async fn hydrate(&self, entry: &Arc<Entry>) -> Result<(), StoreError> {
+    async fn hydrate(&self, entry: &Arc<Entry>, hydration: Hydration) -> Result<(), StoreError> {
         let start = self.coverage.read_start_now(entry.bucket);
-        let rows = match self.store.thread_rows(&entry.thread_id).await {
+        let rows = match self.store.thread_rows(&entry.thread_id, hydration).await {
             Ok(rows) => rows,
             Err(error) => {
                 if error.is_outage() {
@@ -359,26 +367,29 @@ impl Views {
         };
         self.coverage.store_answered(self.coverage.now());
         let verdict = self.coverage.verdict(&start);
-        let deferred = {
+        let (deferred, fill) = {
             let mut view = lock(&entry.view);
             let live = std::mem::take(&mut *view);
             *view = ThreadView::hydrated(rows.events, rows.displays, live);
             match verdict {
                 Verdict::Complete(epoch) => {
-                    // False when a live marker stands on a display the store did not return yet: the next read
-                    // hydrates again.
                     view.mark_complete(epoch);
-                    None
+                    // A live marker on a display the store did not return yet (not persisted when stage 1 ran):
+                    // fill it, off the read path.
+                    (None, view.needs_fill(epoch))
                 }
                 // Partial only because the bound has not passed: read again once it has.
-                Verdict::Deferred(until) if view.covers_its_markers() => Some(until),
-                Verdict::Deferred(_) | Verdict::Uncovered => None,
+                Verdict::Deferred(until) => (Some(until), false),
+                Verdict::Uncovered => (None, false),
             }
         };
         entry.hydrations.fetch_add(1, Ordering::AcqRel);
         self.metrics.hydration(true);
         if let Some(until) = deferred {
             self.schedule_reread(entry, until);
+        }
+        if fill {
+            self.schedule_fill(entry);
         }
         Ok(())
     }
@@ -406,7 +417,7 @@ impl Views {
             {
                 return;
             }
-            let result = match views.hydrate(&entry).await {
+            let result = match views.hydrate(&entry, Hydration::Reread).await {
                 Err(_) => RereadResult::Error,
                 Ok(()) => {
                     let current = views.coverage.epoch(entry.bucket);
@@ -432,10 +443,72 @@ impl Views {
             return Some(entry.render(&view, primary, source, &self.metrics));
         }
         // Complete as of an older epoch: a gap or a removal happened since.
-        if view.downgrade() {
+        if view.downgrade_if_stale(self.coverage.epoch(entry.bucket)) {
             self.metrics.views_downgraded(1);
         }
         None
+    }
+
+    /// Fills the displays a live marker made visible in a complete view, in the background, one fill per entry at
+    /// a time. The hydration lock is taken now if it is free, so a read that comes next waits for the fill (and
+    /// answers from memory once it is done) instead of hydrating.
+    fn schedule_fill(&self, entry: &Arc<Entry>) {
+        if entry.fill_scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let claimed = Arc::clone(&entry.hydration).try_lock_owned().ok();
+        let views = self.clone();
+        let entry = Arc::clone(entry);
+        tokio::spawn(async move {
+            let _filling = match claimed {
+                Some(guard) => guard,
+                None => Arc::clone(&entry.hydration).lock_owned().await,
+            };
+            // From here on a new uncovered display needs a fill of its own.
+            entry.fill_scheduled.store(false, Ordering::Release);
+            views.fill(&entry).await;
+        });
+    }
+
+    /// Reads the stored events of the view's uncovered displays and merges them (the caller holds the hydration
+    /// lock). The view stays complete if it was complete when the fill started and no gap or removal happened
+    /// since: then its hydration read started at least the persister-lag bound after its coverage start, so every
+    /// event of these displays published before that start is in the store now, and every later one was applied
+    /// live ([design 2.1]). A failed fill leaves the view partial, so the next read hydrates.
+    ///
+    /// [design 2.1]: ../docs/design.md#21-the-persister-lag-rule
+    async fn fill(&self, entry: &Arc<Entry>) {
+        let epoch = self.coverage.epoch(entry.bucket);
+        let displays = {
+            let view = lock(&entry.view);
+            if entry.retired.load(Ordering::Acquire) || !view.needs_fill(epoch) {
+                return;
+            }
+            view.uncovered_displays()
+        };
+        let outcome = match self.store.display_rows(&entry.thread_id, &displays).await {
+            Ok(events) => {
+                self.coverage.store_answered(self.coverage.now());
+                let mut view = lock(&entry.view);
+                view.fill(&displays, events);
+                match view.state(self.coverage.epoch(entry.bucket)) {
+                    ViewState::Complete => FillOutcome::Complete,
+                    ViewState::Partial => FillOutcome::Partial,
+                }
+            }
+            Err(error) => {
+                if error.is_outage() {
+                    self.coverage.store_failed();
+                }
+                lock(&entry.view).downgrade();
+                // Readers that waited for the fill fail with it rather than queue another store timeout.
+                entry.failed_hydrations.fetch_add(1, Ordering::AcqRel);
+                tracing::warn!(thread_id = &*entry.thread_id, %error, "filling newly visible displays failed; the next read hydrates");
+                FillOutcome::Error
+            }
+        };
+        self.metrics.fill(outcome);
+        self.reweigh(entry).await;
     }
 
     /// The thread's current entry, and whether this call created it.

@@ -7,8 +7,11 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::store::IndexHints;
+
 pub const DEFAULT_SUBJECT: &str = "agent.*.*.*.*.*.display_event.*.*";
 pub const DEFAULT_INDEX_HINT: &str = "thread_id_1_event_type_1_event_parents_1";
+pub const DEFAULT_FILL_INDEX_HINT: &str = "display_id_1";
 /// 256 MiB: enough for tens of thousands of active threads; beyond it the least useful views are evicted (and
 /// hydrated again on their next read).
 pub const DEFAULT_CACHE_MAX_BYTES: u64 = 256 * 1024 * 1024;
@@ -50,6 +53,11 @@ pub struct Config {
     /// default thread_id_1_event_type_1_event_parents_1). A missing index slows reads down, it does not break them.
     #[arg(long, env = "HISTORY_VIEW_MONGODB_INDEX_HINT", default_value = DEFAULT_INDEX_HINT)]
     pub mongodb_index_hint: String,
+
+    /// Index a fill names as its hint; a fill reads the stored events of a display a live marker just made
+    /// visible; empty disables the hint (env HISTORY_VIEW_MONGODB_FILL_INDEX_HINT; default display_id_1).
+    #[arg(long, env = "HISTORY_VIEW_MONGODB_FILL_INDEX_HINT", default_value = DEFAULT_FILL_INDEX_HINT)]
+    pub mongodb_fill_index_hint: String,
 
     /// Address the HTTP API listens on; port 0 picks a free port (env HISTORY_VIEW_LISTEN; default 0.0.0.0:8080).
     #[arg(long, env = "HISTORY_VIEW_LISTEN", default_value = "0.0.0.0:8080")]
@@ -124,9 +132,19 @@ impl fmt::Debug for Secret {
 }
 
 impl Config {
-    /// The configured index hint, or `None` when disabled.
+    /// The configured hydration index hint, or `None` when disabled.
     pub fn index_hint(&self) -> Option<&str> {
         Some(self.mongodb_index_hint.trim()).filter(|h| !h.is_empty())
+    }
+
+    /// The hints of every store query.
+    pub fn index_hints(&self) -> IndexHints {
+        IndexHints {
+            thread: self.index_hint().map(str::to_owned),
+            display: Some(self.mongodb_fill_index_hint.trim())
+                .filter(|h| !h.is_empty())
+                .map(str::to_owned),
+        }
     }
 }
 

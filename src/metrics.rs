@@ -45,20 +45,65 @@ impl EventOutcome {
     }
 }
 
-/// The two store stages.
+/// Why the worker read the store: a hydration on a read, or one in the background once the persister-lag bound
+/// has passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// Stage 1: displays with a `UserAgent` marker.
-    Markers,
-    /// Stage 2: the projectable events on those displays.
-    Events,
+pub enum Hydration {
+    OnRead,
+    Reread,
 }
 
-impl Stage {
+/// The store queries, by what they are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueryKind {
+    /// Stage 1 of a hydration: displays with a `UserAgent` marker.
+    Markers(Hydration),
+    /// Stage 2 of a hydration: the projectable events on those displays.
+    Events(Hydration),
+    /// The stored events of displays a live marker made visible (off the read path).
+    Fill,
+}
+
+impl QueryKind {
+    /// The `kind` label of `history_view_store_queries_total`.
     pub fn label(self) -> &'static str {
         match self {
-            Stage::Markers => "markers",
-            Stage::Events => "events",
+            QueryKind::Markers(Hydration::OnRead) => "hydration_markers",
+            QueryKind::Events(Hydration::OnRead) => "hydration_events",
+            QueryKind::Markers(Hydration::Reread) => "reread_markers",
+            QueryKind::Events(Hydration::Reread) => "reread_events",
+            QueryKind::Fill => "fill",
+        }
+    }
+
+    /// The `stage` label of `history_view_store_query_duration_seconds`.
+    pub fn stage(self) -> &'static str {
+        match self {
+            QueryKind::Markers(_) => "markers",
+            QueryKind::Events(_) => "events",
+            QueryKind::Fill => "fill",
+        }
+    }
+}
+
+/// What a fill achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillOutcome {
+    /// The view is complete again.
+    Complete,
+    /// Read, but a gap or removal happened since the view was complete, or another display is waiting: still
+    /// partial.
+    Partial,
+    /// The store failed; the view is partial and the next read hydrates.
+    Error,
+}
+
+impl FillOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            FillOutcome::Complete => "complete",
+            FillOutcome::Partial => "partial",
+            FillOutcome::Error => "error",
         }
     }
 }
@@ -117,6 +162,8 @@ struct Inner {
     cache_entries: IntGauge,
     cache_weighted_bytes: IntGauge,
     store_query_seconds: HistogramVec,
+    store_queries: IntCounterVec,
+    fills: IntCounterVec,
     read_seconds: HistogramVec,
     ingest_lag_seconds: prometheus::Histogram,
     nats_connection_events: IntCounterVec,
@@ -217,9 +264,25 @@ impl Metrics {
                 &registry,
                 histogram_vec(
                     "history_view_store_query_duration_seconds",
-                    "Store query duration, by stage",
+                    "Store query duration, by stage (markers, events, fill)",
                     &["stage"],
                     LATENCY_BUCKETS,
+                ),
+            ),
+            store_queries: reg(
+                &registry,
+                counter_vec(
+                    "history_view_store_queries_total",
+                    "Store queries, by kind (hydration or background re-read stage, fill)",
+                    &["kind"],
+                ),
+            ),
+            fills: reg(
+                &registry,
+                counter_vec(
+                    "history_view_fills_total",
+                    "Fills of displays a live marker made visible, by outcome",
+                    &["outcome"],
                 ),
             ),
             read_seconds: reg(
@@ -323,11 +386,18 @@ impl Metrics {
             .cache_weighted_bytes
             .set(i64::try_from(weighted_bytes).unwrap_or(i64::MAX));
     }
-    pub fn store_query(&self, stage: Stage, elapsed: Duration) {
+    pub fn store_query(&self, kind: QueryKind, elapsed: Duration) {
         self.inner
             .store_query_seconds
-            .with_label_values(&[stage.label()])
+            .with_label_values(&[kind.stage()])
             .observe(elapsed.as_secs_f64());
+        self.inner
+            .store_queries
+            .with_label_values(&[kind.label()])
+            .inc();
+    }
+    pub fn fill(&self, outcome: FillOutcome) {
+        self.inner.fills.with_label_values(&[outcome.label()]).inc();
     }
     pub fn read(&self, source: Source, elapsed: Duration) {
         self.inner

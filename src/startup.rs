@@ -61,7 +61,7 @@ impl Application {
             config.mongodb_uri.expose(),
             &config.mongodb_database,
             &config.mongodb_collection,
-            config.index_hint(),
+            config.index_hints(),
             config.store_timeout_ms,
             config.persist_lag,
             metrics.clone(),

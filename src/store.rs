@@ -19,7 +19,7 @@ use mongodb::options::{ClientOptions, Hint};
 use mongodb::{Client, Collection, Database};
 
 use crate::decode::{DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, USER_AGENT, ViewEvent, decode_row};
-use crate::metrics::{Metrics, Stage};
+use crate::metrics::{Hydration, Metrics, QueryKind};
 use crate::subject::KEY_FIELDS;
 use crate::telemetry::RateLimit;
 
@@ -81,15 +81,40 @@ pub struct Store {
 struct Inner {
     database: Database,
     collection: Collection<RawDocumentBuf>,
-    hint: Option<String>,
+    /// The index both hydration stages name.
+    thread_hint: IndexHint,
+    /// The index a fill names.
+    display_hint: IndexHint,
     timeout: Duration,
     /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
     persist_lag: Duration,
     metrics: Metrics,
-    /// Set once the missing-index warning was logged, so it is logged once per process.
-    missing_index_logged: AtomicBool,
     /// Rate limit of the warning about rows persisted later than the bound.
     lag_warnings: RateLimit,
+}
+
+/// The index hints of the store queries; `None` disables one.
+#[derive(Debug, Clone, Default)]
+pub struct IndexHints {
+    /// Named by both hydration stages (`thread_id_1_event_type_1_event_parents_1` in aihub's collection).
+    pub thread: Option<String>,
+    /// Named by fills, which read a few displays of one thread (`display_id_1` in aihub's collection).
+    pub display: Option<String>,
+}
+
+/// One configured hint, and whether its missing index was already logged (once per process and index).
+struct IndexHint {
+    name: Option<String>,
+    missing_logged: AtomicBool,
+}
+
+impl IndexHint {
+    fn new(name: Option<String>) -> Self {
+        Self {
+            name,
+            missing_logged: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Store {
@@ -101,7 +126,7 @@ impl Store {
         uri: &str,
         database: &str,
         collection: &str,
-        hint: Option<&str>,
+        hints: IndexHints,
         timeout: Duration,
         persist_lag: Duration,
         metrics: Metrics,
@@ -119,11 +144,11 @@ impl Store {
             inner: Arc::new(Inner {
                 collection: database.collection(collection),
                 database,
-                hint: hint.map(str::to_owned),
+                thread_hint: IndexHint::new(hints.thread),
+                display_hint: IndexHint::new(hints.display),
                 timeout,
                 persist_lag,
                 metrics,
-                missing_index_logged: AtomicBool::new(false),
                 lag_warnings: RateLimit::default(),
             }),
         })
@@ -133,9 +158,43 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`] when the store fails or does not answer in time.
-    pub async fn thread_rows(&self, thread_id: &str) -> Result<ThreadRows, StoreError> {
+    pub async fn thread_rows(
+        &self,
+        thread_id: &str,
+        hydration: Hydration,
+    ) -> Result<ThreadRows, StoreError> {
+        self.bounded(self.query(thread_id, hydration)).await
+    }
+
+    /// Reads the stored projectable events of `displays` of `thread_id` (a fill), bounded by the configured
+    /// timeout. The filter is stage 2's, for these displays only; the query names the display index.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store fails or does not answer in time.
+    pub async fn display_rows(
+        &self,
+        thread_id: &str,
+        displays: &[Box<str>],
+    ) -> Result<Vec<ViewEvent>, StoreError> {
+        let displays: Vec<Bson> = displays.iter().map(|d| Bson::from(&**d)).collect();
+        let started = Instant::now();
+        let events = self
+            .bounded(self.with_hint_fallback(&self.inner.display_hint, |hint| {
+                self.find_events(events_filter(thread_id, &displays), None, hint)
+            }))
+            .await?;
+        self.inner
+            .metrics
+            .store_query(QueryKind::Fill, started.elapsed());
+        Ok(events)
+    }
+
+    async fn bounded<T>(
+        &self,
+        query: impl Future<Output = Result<T, MongoError>>,
+    ) -> Result<T, StoreError> {
         let timeout = self.inner.timeout;
-        tokio::time::timeout(timeout, self.query(thread_id))
+        tokio::time::timeout(timeout, query)
             .await
             .map_err(|_| StoreError::Timeout(timeout))?
             .map_err(StoreError::Query)
@@ -154,14 +213,16 @@ impl Store {
             .map_err(StoreError::Query)
     }
 
-    async fn query(&self, thread_id: &str) -> Result<ThreadRows, MongoError> {
+    async fn query(&self, thread_id: &str, hydration: Hydration) -> Result<ThreadRows, MongoError> {
         let started = Instant::now();
         let markers = self
-            .with_hint_fallback(|hint| self.visible_displays(thread_id, hint))
+            .with_hint_fallback(&self.inner.thread_hint, |hint| {
+                self.visible_displays(thread_id, hint)
+            })
             .await?;
         self.inner
             .metrics
-            .store_query(Stage::Markers, started.elapsed());
+            .store_query(QueryKind::Markers(hydration), started.elapsed());
         if markers.is_empty() {
             // Fail closed: legacy threads without markers reconstruct as empty history (contract 4).
             tracing::warn!(
@@ -172,11 +233,17 @@ impl Store {
         }
         let started = Instant::now();
         let events = self
-            .with_hint_fallback(|hint| self.display_events(thread_id, &markers, hint))
+            .with_hint_fallback(&self.inner.thread_hint, |hint| {
+                self.find_events(
+                    events_filter(thread_id, &markers),
+                    Some(events_sort()),
+                    hint,
+                )
+            })
             .await?;
         self.inner
             .metrics
-            .store_query(Stage::Events, started.elapsed());
+            .store_query(QueryKind::Events(hydration), started.elapsed());
         Ok(ThreadRows {
             displays: markers
                 .iter()
@@ -218,20 +285,23 @@ impl Store {
         Ok(displays)
     }
 
-    /// Stage 2: the projectable families on the visible displays, in projection order.
-    async fn display_events(
+    /// Stage 2 (sorted, in projection order) or a fill (unsorted: the view orders what it holds): the rows that
+    /// `filter` selects, decoded as the cursor yields them.
+    async fn find_events(
         &self,
-        thread_id: &str,
-        displays: &[Bson],
+        filter: Document,
+        sort: Option<Document>,
         hint: Option<&str>,
     ) -> Result<Vec<ViewEvent>, MongoError> {
         let mut action = self
             .inner
             .collection
-            .find(events_filter(thread_id, displays))
-            .sort(events_sort())
+            .find(filter)
             .projection(projection())
             .max_time(self.inner.timeout);
+        if let Some(sort) = sort {
+            action = action.sort(sort);
+        }
         if let Some(hint) = hint {
             action = action.hint(Hint::Name(hint.to_owned()));
         }
@@ -271,22 +341,22 @@ impl Store {
         }
     }
 
-    /// Runs `run` with the configured hint; if the store rejects the hint because the index is missing, runs it
-    /// again without one.
-    async fn with_hint_fallback<'a, T, F, Fut>(&'a self, run: F) -> Result<T, MongoError>
+    /// Runs `run` with `hint`; if the store rejects the hint because the index is missing, runs it again without
+    /// one.
+    async fn with_hint_fallback<'a, T, F, Fut>(
+        &'a self,
+        hint: &'a IndexHint,
+        run: F,
+    ) -> Result<T, MongoError>
     where
         F: Fn(Option<&'a str>) -> Fut,
         Fut: Future<Output = Result<T, MongoError>>,
     {
-        let hint = self.inner.hint.as_deref();
+        let (logged, hint) = (&hint.missing_logged, hint.name.as_deref());
         match run(hint).await {
             Err(error) if hint.is_some() && is_missing_index(&error) => {
                 self.inner.metrics.index_hint_fallback();
-                if !self
-                    .inner
-                    .missing_index_logged
-                    .swap(true, Ordering::Relaxed)
-                {
+                if !logged.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         index = hint.unwrap_or_default(),
                         "The hinted index does not exist; history reads fall back to unhinted queries and will be slower"

@@ -50,10 +50,15 @@ pub struct ThreadView {
     /// The coverage epoch the view became complete at; `None` while partial. A later gap, or a removal in the
     /// thread's bucket, changes the current epoch and so makes the view partial without visiting it.
     complete_at: Option<Epoch>,
-    /// Displays the last hydration fetched from the store (those visible then). A marker landing live on any other
-    /// display may reveal events persisted before that hydration, which the view never fetched, so it makes the
-    /// view partial again.
+    /// Displays whose stored events the view has read (those visible at the last hydration, and those filled
+    /// since). A marker landing live on any other display may reveal events persisted before, which the view never
+    /// fetched.
     covered: HashSet<Box<str>>,
+    /// Displays with a marker held but not covered: until they are filled (or hydrated), the view is not complete.
+    uncovered: HashSet<Box<str>>,
+    /// Set when an insert made a display uncovered while the view was complete: the cache fills it (see
+    /// [`ThreadView::take_fill_due`]).
+    fill_due: bool,
     /// Bumped on every change; with the read's query it identifies a response body (the ETag).
     version: u64,
 }
@@ -67,6 +72,8 @@ impl Default for ThreadView {
             bytes: VIEW_OVERHEAD_BYTES,
             complete_at: None,
             covered: HashSet::new(),
+            uncovered: HashSet::new(),
+            fill_due: false,
             version: 0,
         }
     }
@@ -95,22 +102,43 @@ impl ThreadView {
 
     /// A view from the store's rows (in store order) for the `covered` displays, merged with the live events of
     /// `live` (moved in), which the store may not have yet. Duplicates across the two count once. It is partial
-    /// until the caller marks it complete (it alone knows whether the live stream had a gap meanwhile).
+    /// until the caller marks it complete (it alone knows whether the store read may count, see
+    /// [`crate::coverage`]).
     pub fn hydrated(
         store_events: impl IntoIterator<Item = ViewEvent>,
         covered: impl IntoIterator<Item = String>,
         live: ThreadView,
     ) -> Self {
         let mut view = ThreadView::new();
+        view.covered = covered.into_iter().map(String::into_boxed_str).collect();
+        view.bytes += view.covered.iter().map(|d| d.len() + 32).sum::<usize>();
         for event in store_events {
             view.insert(event);
         }
         let version = live.version + 1;
         view.merge(live);
-        view.covered = covered.into_iter().map(String::into_boxed_str).collect();
-        view.bytes += view.covered.iter().map(|d| d.len() + 32).sum::<usize>();
         view.version = version;
         view
+    }
+
+    /// Adds the stored events of `displays` (read by a fill) and counts those displays as covered. Whether the view
+    /// stays complete is the caller's to decide (the fill must have started while the view was complete, with no
+    /// gap or removal since).
+    pub fn fill(
+        &mut self,
+        displays: &[Box<str>],
+        store_events: impl IntoIterator<Item = ViewEvent>,
+    ) {
+        for display in displays {
+            self.uncovered.remove(display);
+            if self.covered.insert(display.clone()) {
+                self.bytes += display.len() + 32;
+            }
+        }
+        for event in store_events {
+            self.insert(event);
+        }
+        self.version += 1;
     }
 
     /// Inserts every event of `other` (dedup makes overlap harmless).
@@ -123,11 +151,14 @@ impl ThreadView {
     /// Inserts one event in projection order. An event whose delivery key the view already holds (among events of
     /// the same validity) is a duplicate and is dropped: the first delivery wins, as in aihub's dedup.
     pub fn insert(&mut self, event: ViewEvent) -> Inserted {
-        if self.complete_at.is_some()
-            && event.is_marker()
+        if event.is_marker()
             && !self.covered.contains(event.key.display_id())
+            && !self.uncovered.contains(event.key.display_id())
         {
-            self.complete_at = None;
+            let display: Box<str> = event.key.display_id().into();
+            self.bytes += display.len() + 32;
+            self.uncovered.insert(display);
+            self.fill_due |= self.complete_at.is_some();
         }
         let hash = key_hash(&event.key);
         let maybe_held = self.key_hashes.contains(&hash);
@@ -171,9 +202,10 @@ impl ThreadView {
         project::project_view(&self.ordered, &self.rejected, primary)
     }
 
-    /// The view's state when the thread's coverage epoch is `current`.
+    /// The view's state when the thread's coverage epoch is `current`: complete only if it was completed at that
+    /// epoch and every display a marker made visible has been read.
     pub fn state(&self, current: Epoch) -> ViewState {
-        if self.complete_at == Some(current) {
+        if self.complete_at == Some(current) && self.uncovered.is_empty() {
             ViewState::Complete
         } else {
             ViewState::Partial
@@ -181,31 +213,41 @@ impl ThreadView {
     }
 
     /// Marks the view complete as of coverage epoch `at` (the caller knows it holds everything the store held and
-    /// every live event since), provided [`ThreadView::covers_its_markers`]. Returns whether the view is now
-    /// complete.
-    pub fn mark_complete(&mut self, at: Epoch) -> bool {
-        let covered = self.covers_its_markers();
-        if covered {
-            self.complete_at = Some(at);
-        }
-        covered
+    /// every live event since). It is served from memory once no display is left to fill.
+    pub fn mark_complete(&mut self, at: Epoch) {
+        self.complete_at = Some(at);
+        self.fill_due = false;
     }
 
-    /// Whether every display a marker made visible was covered by the hydration. A marker the store did not return
-    /// yet (it arrived live, before aihub persisted it) may stand on a display whose older events the hydration
-    /// never fetched.
-    pub fn covers_its_markers(&self) -> bool {
-        self.ordered
-            .iter()
-            .chain(&self.rejected)
-            .filter(|e| e.is_marker())
-            .all(|e| self.covered.contains(e.key.display_id()))
+    /// Whether the view is complete as of `current` but for displays a marker made visible that were not read
+    /// yet: a fill of [`ThreadView::uncovered_displays`] completes it.
+    pub fn needs_fill(&self, current: Epoch) -> bool {
+        self.complete_at == Some(current) && !self.uncovered.is_empty()
     }
 
-    /// Forgets that the view was complete. Returns whether it had been complete as of some generation (so a
-    /// caller can count views found downgraded).
+    /// The displays a marker made visible whose stored events were not read yet.
+    pub fn uncovered_displays(&self) -> Vec<Box<str>> {
+        self.uncovered.iter().cloned().collect()
+    }
+
+    /// Whether an insert since the last call made a display uncovered while the view was complete (clears it).
+    pub fn take_fill_due(&mut self) -> bool {
+        std::mem::take(&mut self.fill_due)
+    }
+
+    /// Forgets that the view was complete. Returns whether it had been complete as of some epoch.
     pub fn downgrade(&mut self) -> bool {
+        self.fill_due = false;
         self.complete_at.take().is_some()
+    }
+
+    /// Forgets that the view was complete if it was complete as of an epoch other than `current` (a gap or a
+    /// removal happened since). Returns whether it did (so a caller can count views found downgraded).
+    pub fn downgrade_if_stale(&mut self, current: Epoch) -> bool {
+        match self.complete_at {
+            Some(at) if at != current => self.downgrade(),
+            _ => false,
+        }
     }
 
     pub fn version(&self) -> u64 {
@@ -327,26 +369,59 @@ mod tests {
     }
 
     #[test]
-    fn a_marker_on_a_display_the_hydration_did_not_cover_makes_the_view_partial() {
+    fn a_marker_on_a_display_not_covered_holds_the_view_partial_until_filled() {
+        let epoch = Epoch::at_gap(3);
         let mut view = ThreadView::hydrated([], ["d".to_owned()], ThreadView::new());
-        view.mark_complete(Epoch::at_gap(3));
+        view.mark_complete(epoch);
         view.insert(marker("m1", "d"));
-        assert_eq!(view.state(Epoch::at_gap(3)), ViewState::Complete);
+        assert_eq!(view.state(epoch), ViewState::Complete);
         view.insert(chunk("c1", json!(6), "on a hidden display"));
-        assert_eq!(view.state(Epoch::at_gap(3)), ViewState::Complete);
+        assert_eq!(view.state(epoch), ViewState::Complete);
+        assert!(!view.take_fill_due());
         view.insert(marker("m2", "elsewhere"));
-        assert_eq!(view.state(Epoch::at_gap(3)), ViewState::Partial);
+        assert_eq!(view.state(epoch), ViewState::Partial);
+        assert!(view.needs_fill(epoch));
+        assert!(view.take_fill_due(), "the cache is told once");
+        assert!(!view.take_fill_due());
+        assert_eq!(
+            view.uncovered_displays(),
+            vec![Box::<str>::from("elsewhere")]
+        );
+
+        let older = chunk("c0", json!(1), "stored before the hydration");
+        view.fill(&view.uncovered_displays(), [older]);
+        assert_eq!(view.state(epoch), ViewState::Complete);
+        assert!(!view.needs_fill(epoch));
+        assert_eq!(view.len(), 4);
     }
 
     #[test]
-    fn a_view_with_a_marker_the_hydration_did_not_cover_cannot_be_complete() {
+    fn a_view_with_a_marker_the_hydration_did_not_cover_is_partial_until_filled() {
         let mut live = ThreadView::new();
         live.insert(marker("m1", "new-display"));
         let mut view = ThreadView::hydrated([], ["d".to_owned()], live.clone());
-        assert!(!view.mark_complete(Epoch::at_gap(0)));
+        view.mark_complete(Epoch::at_gap(0));
         assert_eq!(view.state(Epoch::at_gap(0)), ViewState::Partial);
+        assert!(view.needs_fill(Epoch::at_gap(0)));
         let mut view = ThreadView::hydrated([], ["d".to_owned(), "new-display".to_owned()], live);
-        assert!(view.mark_complete(Epoch::at_gap(0)));
+        view.mark_complete(Epoch::at_gap(0));
+        assert_eq!(view.state(Epoch::at_gap(0)), ViewState::Complete);
+    }
+
+    #[test]
+    fn a_partial_view_is_not_filled_and_a_stale_one_is_downgraded() {
+        let mut view = ThreadView::hydrated([], ["d".to_owned()], ThreadView::new());
+        view.insert(marker("m1", "elsewhere"));
+        assert!(
+            !view.take_fill_due(),
+            "partial: the next read hydrates instead"
+        );
+        assert!(!view.needs_fill(Epoch::at_gap(0)));
+        view.mark_complete(Epoch::at_gap(0));
+        assert!(!view.downgrade_if_stale(Epoch::at_gap(0)));
+        assert!(view.needs_fill(Epoch::at_gap(0)));
+        assert!(view.downgrade_if_stale(Epoch::at_gap(1)));
+        assert!(!view.needs_fill(Epoch::at_gap(1)));
     }
 
     #[test]

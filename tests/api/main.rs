@@ -24,8 +24,14 @@ mod http;
 mod live;
 // A TCP proxy that tests cut, to lose a link for certain.
 mod proxy;
+// Scenarios through the built binary: servers, store, publisher, workers, shared waits.
+mod scene;
 // The persister-lag rule end to end: late persistence after start, gaps, evictions and store outages.
 mod persister_lag;
+// aihub's multi-turn read pattern as rows (shared with the benchmark's P7).
+mod turns;
+// Fills of newly visible displays: the read pattern from memory, a fill racing a read, failing, or racing a gap.
+mod fills;
 // Graceful shutdown.
 mod shutdown;
 // Metrics and readiness.

@@ -4,129 +4,13 @@
 //! equals a cold read of a fresh worker. The rule's timing itself is unit-tested with a hand-driven clock in
 //! `src/coverage.rs`.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::helpers::{
-    Api, BinaryApp, Reply, TestStore, chunk_row, metric, publish_rows, spawn_app_with, turns,
-    unique, user_row,
-};
+use crate::helpers::{chunk_row, metric, publish_rows, spawn_app_with, turns, user_row};
 use crate::proxy::Proxy;
-use crate::servers::{MongoServer, NatsServer};
-
-/// Real servers, a database with aihub's indexes, and a publisher playing aihub's agents.
-struct Scene {
-    nats: NatsServer,
-    mongo: MongoServer,
-    database: String,
-    store: TestStore,
-    publisher: async_nats::Client,
-}
-
-impl Scene {
-    async fn new() -> Self {
-        let nats = NatsServer::start();
-        let mongo = MongoServer::start();
-        let database = unique("lag");
-        let store = TestStore::connect(&mongo.uri(), &database).await;
-        store.create_aihub_indexes().await;
-        let publisher = async_nats::connect(nats.url()).await.expect("publisher");
-        Self {
-            nats,
-            mongo,
-            database,
-            store,
-            publisher,
-        }
-    }
-
-    /// The binary with its default persister-lag bound, reaching NATS at `nats_url`; ready.
-    async fn worker(&self, nats_url: String, env: &[(&str, &str)]) -> BinaryApp {
-        let mut settings = vec![
-            ("HISTORY_VIEW_NATS_URL", nats_url),
-            ("HISTORY_VIEW_MONGODB_URI", self.mongo.uri()),
-            ("HISTORY_VIEW_MONGODB_DATABASE", self.database.clone()),
-        ];
-        settings.extend(env.iter().map(|(k, v)| (*k, (*v).to_owned())));
-        let app = BinaryApp::start(&settings).await;
-        app.wait_ready().await;
-        app
-    }
-
-    /// What a fresh worker answers for `thread` (its first read comes from the store).
-    async fn cold_read(&self, thread: &str) -> Reply {
-        let fresh = self.worker(self.nats.url(), &[]).await;
-        let reply = fresh.api.history(thread, "").await;
-        assert_eq!(reply.header("x-history-source"), Some("store"));
-        reply
-    }
-
-    /// The scenarios' common end: the worker serves `thread` from memory, with `expected` messages, byte for byte
-    /// what a fresh worker reads from the store.
-    async fn assert_served_from_cache(&self, api: &Api, thread: &str, expected: Value) {
-        let served = read_until_cache(api, thread).await;
-        assert_eq!(served.json()["messages"], expected, "{}", served.body);
-        assert_eq!(served.body, self.cold_read(thread).await.body);
-    }
-}
-
-/// A `created_at` (ns) for the `i`th event of a scenario: now, as aihub stamps events.
-fn now_ns(i: i64) -> i64 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970");
-    i64::try_from(now.as_nanos()).expect("ns fit i64") + i
-}
-
-/// Reads until the answer comes from memory (the bound passes within a few seconds), and returns it.
-async fn read_until_cache(api: &Api, thread: &str) -> Reply {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let reply = api.history(thread, "").await;
-        assert_eq!(reply.status, 200, "{}", reply.body);
-        if reply.header("x-history-source") == Some("cache") {
-            return reply;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never served from memory: {}",
-            reply.body
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Waits until `/metrics` shows `name` at `at_least` or more.
-async fn wait_metric(api: &Api, name: &str, at_least: f64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let metrics = api.metrics().await;
-        if metric(&metrics, name) >= at_least {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} < {at_least}:\n{metrics}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Waits until `/readyz` reports `check` (`nats` or `store`) as `ok`.
-async fn wait_check(api: &Api, check: &str, ok: bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let reply = api.get("/readyz", &[]).await;
-        if reply.json()["checks"][check]["ok"] == ok {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{check} never became {ok}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn messages(reply: &Reply) -> Value {
-    assert_eq!(reply.status, 200, "{}", reply.body);
-    reply.json()["messages"].clone()
-}
+use crate::scene::{Scene, messages, now_ns, read_until_cache, wait_check, wait_metric};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_published_before_the_worker_started_appears_once_persisted() {
@@ -157,7 +41,7 @@ async fn a_conversation_published_before_the_worker_started_appears_once_persist
         messages(&next),
         turns(&[("user", "Q"), ("assistant", "answer")])
     );
-    assert_eq!(next.body, scene.cold_read(thread).await.body);
+    assert_eq!(next.body, scene.cold_read(thread, "").await.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,7 +54,7 @@ async fn events_missed_while_the_link_to_nats_was_cut_appear_once_persisted() {
         .store
         .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
         .await;
-    read_until_cache(&app.api, thread).await;
+    read_until_cache(&app.api, thread, "").await;
 
     proxy.cut();
     app.api.wait_readiness(false).await;
@@ -210,7 +94,7 @@ async fn events_dropped_by_a_slow_consumer_appear_once_persisted() {
         .store
         .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
         .await;
-    read_until_cache(&app.api, thread).await;
+    read_until_cache(&app.api, thread, "").await;
 
     // Frozen, the worker reads nothing; let go, it finds thousands of messages and room for eight. Whether the
     // thread's event is among those dropped is up to the race, so the scenario repeats until it is.
@@ -271,7 +155,7 @@ async fn an_event_held_only_by_an_expired_entry_appears_once_persisted() {
         .store
         .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
         .await;
-    read_until_cache(&app.api, thread).await;
+    read_until_cache(&app.api, thread, "").await;
 
     // Heard live and held by the entry only; the persister is behind. The entry then goes idle and expires.
     let late = chunk_row(thread, "d1", "A", "e2", now_ns(1), "late");
@@ -316,7 +200,7 @@ async fn an_event_held_only_by_an_evicted_entry_appears_once_persisted() {
         .store
         .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
         .await;
-    read_until_cache(&app.api, thread).await;
+    read_until_cache(&app.api, thread, "").await;
 
     // Each round: an event reaches the thread live only, then other threads stream in until the budget pushes
     // the thread out (the eviction policy decides when; the round repeats until it has).
@@ -391,7 +275,7 @@ async fn events_persisted_late_after_a_store_outage_appear() {
         .store
         .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
         .await;
-    read_until_cache(&app.api, thread).await;
+    read_until_cache(&app.api, thread, "").await;
 
     // The store freezes; meanwhile the worker also loses NATS and misses an event, which aihub's persister cannot
     // write while the store is down.

@@ -1,0 +1,304 @@
+//! aihub's read pattern through the built binary: a read at the start of every turn, each turn on a new display,
+//! is served from memory after a thread's first read, because a marker that lands live on a display the view has
+//! not read is filled off the read path. A read during a fill waits for it; a failed fill, or a gap during one,
+//! leaves the view partial. Each scenario ends with a read from `cache` equal to a fresh worker's cold read.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::helpers::{metric, publish_rows};
+use crate::proxy::Proxy;
+use crate::scene::{Scene, read_until_cache, wait_check, wait_metric};
+use crate::turns::Conversation;
+
+/// Two turns persisted before the worker starts: the second asked a HITL question on a hidden display, which the
+/// next turn answers.
+async fn persisted_conversation(scene: &Scene, thread: &str) -> Conversation {
+    let mut conversation = Conversation::new(thread);
+    for _ in 0..2 {
+        let rows = conversation.next_turn();
+        scene.store.insert_rows(&rows).await;
+    }
+    conversation
+}
+
+/// Reads the conversation once (hydrating it, complete: no persister-lag bound here), checking the answer.
+async fn first_read(api: &crate::helpers::Api, conversation: &Conversation) {
+    let reply = api
+        .history(&conversation.thread, &Conversation::query())
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-history-source"), Some("store"));
+    assert_eq!(reply.json(), conversation.expected());
+}
+
+fn fills(metrics: &str, outcome: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("history_view_fills_total{{outcome=\"{outcome}\"}}"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_multi_turn_read_pattern_is_served_from_memory_after_each_threads_first_read() {
+    const THREADS: usize = 4;
+    const TURNS: usize = 5;
+    let scene = Scene::new().await;
+    let app = scene
+        .worker(scene.nats.url(), &[("HISTORY_VIEW_PERSIST_LAG_MS", "300")])
+        .await;
+    // The workload starts once the bound has passed since the worker confirmed its subscription, as it does for a
+    // worker that has been running for a while.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let runs = (0..THREADS).map(|t| {
+        let (api, scene) = (app.api.clone(), &scene);
+        async move {
+            let mut conversation = Conversation::new(format!("multi-turn-{t}"));
+            let mut sources = Vec::new();
+            for _ in 0..TURNS {
+                let reply = api
+                    .history(&conversation.thread, &Conversation::query())
+                    .await;
+                assert_eq!(reply.status, 200, "{}", reply.body);
+                assert_eq!(
+                    reply.json(),
+                    conversation.expected(),
+                    "{}",
+                    conversation.thread
+                );
+                sources.push(
+                    reply
+                        .header("x-history-source")
+                        .unwrap_or_default()
+                        .to_owned(),
+                );
+                let rows = conversation.next_turn();
+                publish_rows(&scene.publisher, &rows).await;
+                scene.store.insert_rows(&rows).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            (conversation, sources)
+        }
+    });
+    let threads = join_all(runs).await;
+    for (conversation, sources) in &threads {
+        assert_eq!(
+            sources[0], "store",
+            "{}: the first read hydrates",
+            conversation.thread
+        );
+        assert!(
+            sources[1..].iter().all(|s| s == "cache"),
+            "{}: every later read from memory: {sources:?}",
+            conversation.thread
+        );
+    }
+    let metrics = app.api.metrics().await;
+    let turns = (THREADS * TURNS) as f64;
+    assert_eq!(fills(&metrics, "complete"), turns, "{metrics}");
+    assert_eq!(fills(&metrics, "error") + fills(&metrics, "partial"), 0.0);
+    assert_eq!(
+        metric(
+            &metrics,
+            "history_view_store_queries_total{kind=\"hydration_markers\"}"
+        ),
+        THREADS as f64,
+        "one hydration per thread, at its first read"
+    );
+    for (conversation, _) in &threads {
+        scene
+            .assert_served_from_cache_for(
+                &app.api,
+                &conversation.thread,
+                &Conversation::query(),
+                conversation.expected()["messages"].clone(),
+            )
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hitl_answer_reveals_a_display_whose_events_were_persisted_turns_earlier() {
+    let scene = Scene::new().await;
+    let mut conversation = persisted_conversation(&scene, "t-reveal-fill").await;
+    let app = scene
+        .worker(scene.nats.url(), &[("HISTORY_VIEW_PERSIST_LAG_MS", "0")])
+        .await;
+    first_read(&app.api, &conversation).await;
+
+    // The answer lands live on the hidden display: the question and the helper's chunk, stored turns ago and never
+    // read by this worker, become visible.
+    let answer_turn = conversation.next_turn();
+    publish_rows(&scene.publisher, &answer_turn).await;
+    scene.store.insert_rows(&answer_turn).await;
+    wait_metric(
+        &app.api,
+        "history_view_fills_total{outcome=\"complete\"}",
+        1.0,
+    )
+    .await;
+    let revealed = app
+        .api
+        .history(&conversation.thread, &Conversation::query())
+        .await;
+    assert_eq!(revealed.header("x-history-source"), Some("cache"));
+    assert_eq!(revealed.json(), conversation.expected());
+    assert!(revealed.body.contains("may I ask 1?"), "{}", revealed.body);
+    scene
+        .assert_served_from_cache_for(
+            &app.api,
+            &conversation.thread,
+            &Conversation::query(),
+            conversation.expected()["messages"].clone(),
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_during_a_fill_waits_for_it_instead_of_hydrating() {
+    let scene = Scene::new().await;
+    let mut conversation = persisted_conversation(&scene, "t-fill-race").await;
+    let app = scene
+        .worker(
+            scene.nats.url(),
+            &[
+                ("HISTORY_VIEW_PERSIST_LAG_MS", "0"),
+                ("HISTORY_VIEW_STORE_TIMEOUT_MS", "15000"),
+            ],
+        )
+        .await;
+    first_read(&app.api, &conversation).await;
+
+    // The store is frozen, so the fill the answer starts is in flight when the read comes.
+    scene.mongo.pause();
+    let received = metric(&app.api.metrics().await, "history_view_events_total");
+    let answer_turn = conversation.next_turn();
+    publish_rows(&scene.publisher, &answer_turn).await;
+    app.api
+        .wait_for_events(received as u64 + answer_turn.len() as u64)
+        .await;
+    let read = {
+        let (api, thread) = (app.api.clone(), conversation.thread.clone());
+        tokio::spawn(async move { api.history(&thread, &Conversation::query()).await })
+    };
+    wait_metric(&app.api, "history_view_cache_misses_total", 2.0).await;
+    scene.mongo.resume();
+    let waited = read.await.expect("the read task");
+    assert_eq!(
+        waited.header("x-history-source"),
+        Some("store"),
+        "it waited for the fill"
+    );
+    assert_eq!(waited.json(), conversation.expected());
+    let metrics = app.api.metrics().await;
+    assert_eq!(fills(&metrics, "complete"), 1.0, "{metrics}");
+    assert_eq!(
+        metric(&metrics, "history_view_hydrations_total{result=\"ok\"}"),
+        1.0,
+        "the read did not hydrate: it shared the fill"
+    );
+    scene.store.insert_rows(&answer_turn).await;
+    scene
+        .assert_served_from_cache_for(
+            &app.api,
+            &conversation.thread,
+            &Conversation::query(),
+            conversation.expected()["messages"].clone(),
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fill_leaves_the_view_partial_and_the_next_read_hydrates() {
+    let scene = Scene::new().await;
+    let mut conversation = persisted_conversation(&scene, "t-fill-fails").await;
+    let app = scene
+        .worker(
+            scene.nats.url(),
+            &[
+                ("HISTORY_VIEW_PERSIST_LAG_MS", "0"),
+                ("HISTORY_VIEW_STORE_TIMEOUT_MS", "500"),
+            ],
+        )
+        .await;
+    first_read(&app.api, &conversation).await;
+
+    scene.mongo.pause();
+    let answer_turn = conversation.next_turn();
+    publish_rows(&scene.publisher, &answer_turn).await;
+    wait_metric(&app.api, "history_view_fills_total{outcome=\"error\"}", 1.0).await;
+    scene.mongo.resume();
+    app.wait_ready().await;
+    scene.store.insert_rows(&answer_turn).await;
+
+    let next = app
+        .api
+        .history(&conversation.thread, &Conversation::query())
+        .await;
+    assert_eq!(next.header("x-history-source"), Some("store"));
+    assert_eq!(next.json(), conversation.expected());
+    scene
+        .assert_served_from_cache_for(
+            &app.api,
+            &conversation.thread,
+            &Conversation::query(),
+            conversation.expected()["messages"].clone(),
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_during_a_fill_leaves_the_view_partial() {
+    let scene = Scene::new().await;
+    let mut conversation = persisted_conversation(&scene, "t-fill-gap").await;
+    let proxy = Proxy::start(scene.nats.address()).await;
+    let app = scene
+        .worker(
+            proxy.nats_url(),
+            &[
+                ("HISTORY_VIEW_PERSIST_LAG_MS", "0"),
+                ("HISTORY_VIEW_STORE_TIMEOUT_MS", "15000"),
+            ],
+        )
+        .await;
+    first_read(&app.api, &conversation).await;
+
+    // The fill waits on the frozen store while the link to NATS drops and comes back.
+    scene.mongo.pause();
+    let received = metric(&app.api.metrics().await, "history_view_events_total");
+    let answer_turn = conversation.next_turn();
+    publish_rows(&scene.publisher, &answer_turn).await;
+    app.api
+        .wait_for_events(received as u64 + answer_turn.len() as u64)
+        .await;
+    proxy.cut();
+    wait_check(&app.api, "nats", false).await;
+    proxy.restore();
+    wait_check(&app.api, "nats", true).await;
+    scene.mongo.resume();
+    wait_metric(
+        &app.api,
+        "history_view_fills_total{outcome=\"partial\"}",
+        1.0,
+    )
+    .await;
+    scene.store.insert_rows(&answer_turn).await;
+
+    let next = read_until_cache(&app.api, &conversation.thread, &Conversation::query()).await;
+    assert_eq!(next.json(), conversation.expected());
+    let metrics = app.api.metrics().await;
+    assert_eq!(
+        metric(&metrics, "history_view_hydrations_total{result=\"ok\"}"),
+        2.0,
+        "the view was hydrated again after the gap: {metrics}"
+    );
+    scene
+        .assert_served_from_cache_for(
+            &app.api,
+            &conversation.thread,
+            &Conversation::query(),
+            conversation.expected()["messages"].clone(),
+        )
+        .await;
+}
