@@ -32,12 +32,17 @@ mod p3_p4_store;
 mod p5_memory;
 #[path = "bench/p6_freshness.rs"]
 mod p6_freshness;
+#[path = "bench/p7_multi_turn.rs"]
+mod p7_multi_turn;
 #[path = "bench/report.rs"]
 mod report;
 #[path = "../tests/api/scrape.rs"]
 mod scrape;
 #[path = "bench/setup.rs"]
 mod setup;
+// aihub's multi-turn conversations, shared with the tests.
+#[path = "../tests/api/turns.rs"]
+mod turns;
 #[path = "bench/worker.rs"]
 mod worker;
 
@@ -78,6 +83,7 @@ async fn run_all(setup: Arc<Setup>) -> Vec<Row> {
     rows.extend(measure(&setup, "P4", p3_p4_store::run_p4).await);
     rows.extend(measure(&setup, "P5", p5_memory::run).await);
     rows.extend(measure(&setup, "P6", p6_freshness::run).await);
+    rows.extend(measure(&setup, "P7", p7_multi_turn::run).await);
     rows
 }
 

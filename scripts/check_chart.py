@@ -70,7 +70,7 @@ CASES: dict[str, dict[str, Any]] = {
         "secret": {"apiToken": "s3cr3t", "mongodbUri": "mongodb://user:pw@db-0:27017/?authSource=admin"},
         "config": {
             "natsUrl": "nats://nats.messaging:4222",
-            "mongodb": {"database": "aihub_prod", "indexHint": ""},
+            "mongodb": {"database": "aihub_prod", "indexHint": "", "fillIndexHint": "display_idx"},
             "cacheMaxBytes": 805306368,
             "cacheIdleSecs": 600,
             "storeTimeoutMs": 1500,
@@ -119,6 +119,7 @@ EXPECTED_ENV = {
     "HISTORY_VIEW_MONGODB_DATABASE",
     "HISTORY_VIEW_MONGODB_COLLECTION",
     "HISTORY_VIEW_MONGODB_INDEX_HINT",
+    "HISTORY_VIEW_MONGODB_FILL_INDEX_HINT",
     "HISTORY_VIEW_CACHE_MAX_BYTES",
     "HISTORY_VIEW_CACHE_IDLE_SECS",
     "HISTORY_VIEW_STORE_TIMEOUT_MS",
@@ -311,6 +312,10 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         f"HISTORY_VIEW_CACHE_MAX_BYTES is {env['HISTORY_VIEW_CACHE_MAX_BYTES'].get('value')!r}",
     )
     expect(env["HISTORY_VIEW_MONGODB_INDEX_HINT"]["value"] == values["config"]["mongodb"]["indexHint"], "index hint")
+    expect(
+        env["HISTORY_VIEW_MONGODB_FILL_INDEX_HINT"]["value"] == values["config"]["mongodb"]["fillIndexHint"],
+        "fill index hint",
+    )
     expect(
         env["HISTORY_VIEW_PERSIST_LAG_MS"]["value"] == str(values["config"]["persistLagMs"]),
         f"HISTORY_VIEW_PERSIST_LAG_MS is {env['HISTORY_VIEW_PERSIST_LAG_MS'].get('value')!r}",

@@ -57,7 +57,7 @@ pub struct Memory {
 impl Worker {
     /// Starts the binary against the run's servers on `database` and waits until `/readyz` answers 200.
     ///
-    /// Defaults: the index hint disabled (see `p3_p4_store`), a 256 MiB cache, JSON logs at `warn`. `env` overrides
+    /// Defaults: the index hints disabled (see `p3_p4_store`), a 256 MiB cache, JSON logs at `warn`. `env` overrides
     /// them or sets more. `HISTORY_VIEW_*` variables of the bench's own environment are not passed on.
     pub async fn start(setup: &Setup, database: &str, env: &[(&str, &str)]) -> Self {
         let port = free_port();
@@ -78,6 +78,7 @@ impl Worker {
             .env("HISTORY_VIEW_LISTEN", format!("127.0.0.1:{port}"))
             .env("HISTORY_VIEW_CACHE_MAX_BYTES", "256MiB")
             .env("HISTORY_VIEW_MONGODB_INDEX_HINT", "")
+            .env("HISTORY_VIEW_MONGODB_FILL_INDEX_HINT", "")
             .env("HISTORY_VIEW_LOG_FORMAT", "json")
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use chat_history_view::config::DEFAULT_FILL_INDEX_HINT;
 use chat_history_view::store::{events_filter, events_sort, markers_pipeline, projection};
 use mongodb::bson::{Bson, doc};
 use serde_json::json;
@@ -12,12 +13,16 @@ use crate::helpers::{chunk_row, metric, spawn_app, spawn_app_with, turns, user_r
 const INDEX: &str = "thread_id_1_event_type_1_event_parents_1";
 
 fn assert_uses_index(explain: &mongodb::bson::Document, stage: &str) {
+    assert_uses(explain, stage, INDEX);
+}
+
+fn assert_uses(explain: &mongodb::bson::Document, stage: &str, index: &str) {
     let text = serde_json::to_string(explain).unwrap();
     assert!(
         text.contains("IXSCAN"),
         "{stage} does not scan an index: {text}"
     );
-    assert!(text.contains(INDEX), "{stage} does not use {INDEX}: {text}");
+    assert!(text.contains(index), "{stage} does not use {index}: {text}");
     assert!(
         !text.contains("COLLSCAN"),
         "{stage} scans the collection: {text}"
@@ -82,6 +87,36 @@ async fn store_stages_use_the_thread_event_type_parents_index() {
         turns(&[("user", "Q"), ("assistant", "answer")])
     );
     assert_eq!(reply.header("x-history-source"), Some("store"));
+}
+
+#[tokio::test]
+async fn a_fill_reads_the_display_index() {
+    let app = spawn_app().await;
+    let thread = "66f10000000000000000bbbb";
+    let mut rows = vec![user_row(thread, "d1", "e1", 1, "Q")];
+    for i in 0..40 {
+        rows.push(chunk_row(
+            thread,
+            &format!("d{}", i % 5),
+            "A",
+            &format!("c{i}"),
+            i,
+            "x",
+        ));
+    }
+    app.store.insert_rows(&rows).await;
+    // The worker's fill: stage 2's filter for the newly visible displays, hinted with the display index.
+    let displays = vec![Bson::String("d3".into())];
+    let fill = app
+        .store
+        .db
+        .run_command(doc! {"explain": {
+            "find": "agent_events", "filter": events_filter(thread, &displays), "projection": projection(),
+            "hint": DEFAULT_FILL_INDEX_HINT,
+        }})
+        .await
+        .expect("explain the fill");
+    assert_uses(&fill, "the fill", DEFAULT_FILL_INDEX_HINT);
 }
 
 #[tokio::test]

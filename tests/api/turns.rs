@@ -19,8 +19,8 @@ pub struct Conversation {
     pub thread: String,
     turn: usize,
     seq: usize,
-    /// `created_at` of the first event (ns, the wall clock when the conversation began).
-    base: i64,
+    /// `created_at` of the last event (ns): the wall clock when it was built, as aihub stamps events.
+    created_at: i64,
     /// The hidden display of an open HITL question.
     open_question: Option<String>,
     /// Every row published so far, in publish order.
@@ -29,14 +29,11 @@ pub struct Conversation {
 
 impl Conversation {
     pub fn new(thread: impl Into<String>) -> Self {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
         Self {
             thread: thread.into(),
             turn: 0,
             seq: 0,
-            base: i64::try_from(now).unwrap_or(i64::MAX / 2),
+            created_at: 0,
             open_question: None,
             published: Vec::new(),
         }
@@ -163,8 +160,12 @@ impl Conversation {
         fields: Value,
     ) -> Value {
         self.seq += 1;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        self.created_at = now.max(self.created_at + 1);
         let event_id = format!("{}-e{:05}", self.thread, self.seq);
-        let mut data = json!({"event_id": event_id, "created_at": self.base + self.seq as i64 * 1_000,
+        let mut data = json!({"event_id": event_id, "created_at": self.created_at,
             "_event_name": name, "_parent_event_names": parents});
         if let (Some(data), Some(fields)) = (data.as_object_mut(), fields.as_object()) {
             data.extend(fields.clone());
