@@ -28,7 +28,7 @@
 //!
 //! [design 2.1]: ../docs/design.md#21-the-persister-lag-rule
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -39,6 +39,7 @@ use moka::future::Cache;
 use moka::notification::RemovalCause;
 use moka::ops::compute::Op;
 use serde::Serialize;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::coverage::{self, Coverage, Stamp, Verdict};
@@ -50,6 +51,17 @@ use crate::view::{Inserted, ThreadView, ViewState};
 
 /// How often a live event looks for a current entry of its thread (see [`Views::apply`]).
 const APPLY_ATTEMPTS: usize = 3;
+
+/// Most views one fill query serves.
+const FILL_BATCH: usize = 64;
+/// Fills waiting for a query; beyond it a fill is dropped and its view's next read hydrates.
+const FILL_QUEUE: usize = 1024;
+
+/// A view waiting for a fill, with its entry's hydration lock (readers of the entry wait for the fill).
+struct FillRequest {
+    entry: Arc<Entry>,
+    _lock: tokio::sync::OwnedMutexGuard<()>,
+}
 
 /// A rendered history response.
 #[derive(Debug, Clone)]
@@ -69,8 +81,10 @@ pub struct Views {
     metrics: Metrics,
     /// Whether a store read may complete a view, and the epoch complete views are checked against.
     coverage: Coverage,
-    /// Cancels the background re-reads when the service stops.
+    /// Cancels the background re-reads and fills when the service stops.
     stop: CancellationToken,
+    /// The queue of fills (see [`Views::run_fills`]).
+    fills: mpsc::Sender<FillRequest>,
 }
 
 /// One cached thread.
@@ -257,13 +271,17 @@ impl Views {
                 }
             })
             .build();
-        Self {
+        let (fills, requests) = mpsc::channel(FILL_QUEUE);
+        let views = Self {
             cache,
             store,
             metrics,
             coverage,
             stop: CancellationToken::new(),
-        }
+            fills,
+        };
+        tokio::spawn(views.clone().run_fills(requests));
+        views
     }
 
     /// Applies one live event to its thread's current view, creating a partial view for a thread not held.
@@ -338,7 +356,7 @@ impl Views {
         Ok(answer)
     }
 
-    /// Stops the background re-reads (at shutdown).
+    /// Stops the background re-reads and fills (at shutdown).
     pub fn stop_background(&self) {
         self.stop.cancel();
     }
@@ -449,66 +467,148 @@ impl Views {
         None
     }
 
-    /// Fills the displays a live marker made visible in a complete view, in the background, one fill per entry at
-    /// a time. The hydration lock is taken now if it is free, so a read that comes next waits for the fill (and
-    /// answers from memory once it is done) instead of hydrating.
+    /// Fills the displays a live marker made visible in a complete view, off the read path, one fill per entry at
+    /// a time. The hydration lock is taken now if it is free (otherwise as soon as it is), so a read that comes
+    /// next waits for the fill (and answers from memory once it is done) instead of hydrating.
     fn schedule_fill(&self, entry: &Arc<Entry>) {
         if entry.fill_scheduled.swap(true, Ordering::AcqRel) {
             return;
         }
-        let claimed = Arc::clone(&entry.hydration).try_lock_owned().ok();
-        let views = self.clone();
-        let entry = Arc::clone(entry);
-        tokio::spawn(async move {
-            let _filling = match claimed {
-                Some(guard) => guard,
-                None => Arc::clone(&entry.hydration).lock_owned().await,
-            };
-            // From here on a new uncovered display needs a fill of its own.
-            entry.fill_scheduled.store(false, Ordering::Release);
-            views.fill(&entry).await;
-        });
+        match Arc::clone(&entry.hydration).try_lock_owned() {
+            Ok(lock) => self.queue_fill(FillRequest {
+                entry: Arc::clone(entry),
+                _lock: lock,
+            }),
+            Err(_) => {
+                // A hydration or another fill holds the lock; this fill follows it.
+                let views = self.clone();
+                let entry = Arc::clone(entry);
+                tokio::spawn(async move {
+                    let lock = Arc::clone(&entry.hydration).lock_owned().await;
+                    views.queue_fill(FillRequest { entry, _lock: lock });
+                });
+            }
+        }
     }
 
-    /// Reads the stored events of the view's uncovered displays and merges them (the caller holds the hydration
-    /// lock). The view stays complete if it was complete when the fill started and no gap or removal happened
-    /// since: then its hydration read started at least the persister-lag bound after its coverage start, so every
-    /// event of these displays published before that start is in the store now, and every later one was applied
-    /// live ([design 2.1]). A failed fill leaves the view partial, so the next read hydrates.
+    fn queue_fill(&self, request: FillRequest) {
+        if let Err(error) = self.fills.try_send(request) {
+            // The queue is full (or the service is stopping): no fill. The view stays partial (a display is left
+            // uncovered), so the next read hydrates.
+            error
+                .into_inner()
+                .entry
+                .fill_scheduled
+                .store(false, Ordering::Release);
+            self.metrics.fill(FillOutcome::Error);
+        }
+    }
+
+    /// Runs the queued fills until the service stops: every request queued while a fill query is in flight goes
+    /// into the next one, so many threads' turns share one store query.
+    async fn run_fills(self, mut requests: mpsc::Receiver<FillRequest>) {
+        loop {
+            let first = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return,
+                request = requests.recv() => match request {
+                    Some(request) => request,
+                    None => return,
+                },
+            };
+            let mut batch = vec![first];
+            while batch.len() < FILL_BATCH {
+                match requests.try_recv() {
+                    Ok(request) => batch.push(request),
+                    Err(_) => break,
+                }
+            }
+            self.fill(batch).await;
+        }
+    }
+
+    /// Reads the stored events of the uncovered displays of a batch of views in one query and merges them (each
+    /// request holds its entry's hydration lock). A view stays complete if it was complete when the fill started
+    /// and no gap or removal happened since: then its hydration read started at least the persister-lag bound
+    /// after its coverage start, so every event of these displays published before that start is in the store
+    /// now, and every later one was applied live ([design 2.1]). A failed fill leaves the views partial, so their
+    /// next reads hydrate.
     ///
     /// [design 2.1]: ../docs/design.md#21-the-persister-lag-rule
-    async fn fill(&self, entry: &Arc<Entry>) {
-        let epoch = self.coverage.epoch(entry.bucket);
-        let displays = {
-            let view = lock(&entry.view);
-            if entry.retired.load(Ordering::Acquire) || !view.needs_fill(epoch) {
-                return;
+    async fn fill(&self, batch: Vec<FillRequest>) {
+        let mut work: Vec<(FillRequest, Vec<Box<str>>)> = Vec::with_capacity(batch.len());
+        let mut threads = HashSet::new();
+        for request in batch {
+            let entry = &request.entry;
+            // From here on a new uncovered display needs a fill of its own.
+            entry.fill_scheduled.store(false, Ordering::Release);
+            let epoch = self.coverage.epoch(entry.bucket);
+            let displays = {
+                let view = lock(&entry.view);
+                if entry.retired.load(Ordering::Acquire) || !view.needs_fill(epoch) {
+                    continue;
+                }
+                view.uncovered_displays()
+            };
+            // Two entries of one thread (one of them on its way out) cannot share a query's rows: the second
+            // waits for its next read's hydration.
+            if threads.insert(entry.thread_id.clone()) {
+                work.push((request, displays));
             }
-            view.uncovered_displays()
-        };
-        let outcome = match self.store.display_rows(&entry.thread_id, &displays).await {
+        }
+        if work.is_empty() {
+            return;
+        }
+        let wanted: Vec<(&str, &[Box<str>])> = work
+            .iter()
+            .map(|(request, displays)| (&*request.entry.thread_id, displays.as_slice()))
+            .collect();
+        match self.store.display_rows(&wanted).await {
             Ok(events) => {
                 self.coverage.store_answered(self.coverage.now());
-                let mut view = lock(&entry.view);
-                view.fill(&displays, events);
-                match view.state(self.coverage.epoch(entry.bucket)) {
-                    ViewState::Complete => FillOutcome::Complete,
-                    ViewState::Partial => FillOutcome::Partial,
+                let index: HashMap<&str, usize> = wanted
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (thread, _))| (*thread, i))
+                    .collect();
+                let mut per_view: Vec<Vec<ViewEvent>> = work.iter().map(|_| Vec::new()).collect();
+                for event in events {
+                    if let Some(&i) = index.get(event.key.thread_id())
+                        && wanted[i].1.iter().any(|d| **d == *event.key.display_id())
+                    {
+                        per_view[i].push(event);
+                    }
+                }
+                for ((request, displays), events) in work.into_iter().zip(per_view) {
+                    let entry = &request.entry;
+                    let outcome = {
+                        let mut view = lock(&entry.view);
+                        view.fill(&displays, events);
+                        match view.state(self.coverage.epoch(entry.bucket)) {
+                            ViewState::Complete => FillOutcome::Complete,
+                            ViewState::Partial => FillOutcome::Partial,
+                        }
+                    };
+                    self.metrics.fill(outcome);
+                    self.reweigh(entry).await;
                 }
             }
             Err(error) => {
                 if error.is_outage() {
                     self.coverage.store_failed();
                 }
-                lock(&entry.view).downgrade();
-                // Readers that waited for the fill fail with it rather than queue another store timeout.
-                entry.failed_hydrations.fetch_add(1, Ordering::AcqRel);
-                tracing::warn!(thread_id = &*entry.thread_id, %error, "filling newly visible displays failed; the next read hydrates");
-                FillOutcome::Error
+                tracing::warn!(views = work.len(), %error, "filling newly visible displays failed; their next reads hydrate");
+                for (request, _) in work {
+                    lock(&request.entry.view).downgrade();
+                    // Readers that waited for the fill fail with it rather than queue another store timeout.
+                    request
+                        .entry
+                        .failed_hydrations
+                        .fetch_add(1, Ordering::AcqRel);
+                    self.metrics.fill(FillOutcome::Error);
+                }
             }
-        };
-        self.metrics.fill(outcome);
-        self.reweigh(entry).await;
+        }
     }
 
     /// The thread's current entry, and whether this call created it.

@@ -34,6 +34,9 @@ const FAMILY_PARENTS: [&str; 5] = [
     "StopEvent",
 ];
 
+/// Connections of the fills' own pool: fills run one batch at a time, so a few suffice.
+const FILL_POOL_SIZE: u32 = 2;
+
 /// Why a store read failed. Either way the read answers 503: never a partial history.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -81,6 +84,8 @@ pub struct Store {
 struct Inner {
     database: Database,
     collection: Collection<RawDocumentBuf>,
+    /// The same collection through the fills' own client.
+    fill_collection: Collection<RawDocumentBuf>,
     /// The index both hydration stages name.
     thread_hint: IndexHint,
     /// The index a fill names.
@@ -138,11 +143,18 @@ impl Store {
         // A store that is down must fail a read within the read timeout, not the driver's 30 s default.
         options.server_selection_timeout = Some(timeout);
         options.connect_timeout.get_or_insert(timeout);
+        // Fills get a client (and so a connection pool) of their own: a fill holds up the reads of its thread, so
+        // it must not queue behind other threads' hydrations for a connection.
+        let mut fill_options = options.clone();
+        fill_options.max_pool_size = Some(FILL_POOL_SIZE);
+        let fill_client = Client::with_options(fill_options)?;
         let client = Client::with_options(options)?;
+        let fill_collection = fill_client.database(database).collection(collection);
         let database = client.database(database);
         Ok(Self {
             inner: Arc::new(Inner {
                 collection: database.collection(collection),
+                fill_collection,
                 database,
                 thread_hint: IndexHint::new(hints.thread),
                 display_hint: IndexHint::new(hints.display),
@@ -166,21 +178,31 @@ impl Store {
         self.bounded(self.query(thread_id, hydration)).await
     }
 
-    /// Reads the stored projectable events of `displays` of `thread_id` (a fill), bounded by the configured
-    /// timeout. The filter is stage 2's, for these displays only; the query names the display index.
+    /// Reads the stored projectable events of the given displays of the given threads (a fill, for a batch of
+    /// views), bounded by the configured timeout. One query: stage 2's filter for these threads and displays,
+    /// naming the display index; the caller keeps each view's rows (a display id of one thread may, in principle,
+    /// also occur in another).
     ///
     /// # Errors
     /// [`StoreError`] when the store fails or does not answer in time.
     pub async fn display_rows(
         &self,
-        thread_id: &str,
-        displays: &[Box<str>],
+        wanted: &[(&str, &[Box<str>])],
     ) -> Result<Vec<ViewEvent>, StoreError> {
-        let displays: Vec<Bson> = displays.iter().map(|d| Bson::from(&**d)).collect();
+        let threads: Vec<&str> = wanted.iter().map(|(thread, _)| *thread).collect();
+        let displays: Vec<Bson> = wanted
+            .iter()
+            .flat_map(|(_, displays)| displays.iter().map(|d| Bson::from(&**d)))
+            .collect();
         let started = Instant::now();
         let events = self
             .bounded(self.with_hint_fallback(&self.inner.display_hint, |hint| {
-                self.find_events(events_filter(thread_id, &displays), None, hint)
+                self.find_events(
+                    &self.inner.fill_collection,
+                    fill_filter(&threads, &displays),
+                    None,
+                    hint,
+                )
             }))
             .await?;
         self.inner
@@ -235,6 +257,7 @@ impl Store {
         let events = self
             .with_hint_fallback(&self.inner.thread_hint, |hint| {
                 self.find_events(
+                    &self.inner.collection,
                     events_filter(thread_id, &markers),
                     Some(events_sort()),
                     hint,
@@ -289,13 +312,12 @@ impl Store {
     /// `filter` selects, decoded as the cursor yields them.
     async fn find_events(
         &self,
+        collection: &Collection<RawDocumentBuf>,
         filter: Document,
         sort: Option<Document>,
         hint: Option<&str>,
     ) -> Result<Vec<ViewEvent>, MongoError> {
-        let mut action = self
-            .inner
-            .collection
+        let mut action = collection
             .find(filter)
             .projection(projection())
             .max_time(self.inner.timeout);
@@ -387,6 +409,16 @@ pub fn markers_pipeline(thread_id: &str) -> [Document; 2] {
 pub fn events_filter(thread_id: &str, displays: &[Bson]) -> Document {
     doc! {
         "thread_id": thread_id,
+        "event_type": DISPLAY_EVENT,
+        "display_id": {"$in": displays},
+        "event_parents": {"$in": FAMILY_PARENTS.as_slice()},
+    }
+}
+
+/// A fill's filter: stage 2's, for the newly visible displays of a batch of threads.
+pub fn fill_filter(threads: &[&str], displays: &[Bson]) -> Document {
+    doc! {
+        "thread_id": {"$in": threads},
         "event_type": DISPLAY_EVENT,
         "display_id": {"$in": displays},
         "event_parents": {"$in": FAMILY_PARENTS.as_slice()},

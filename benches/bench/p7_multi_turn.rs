@@ -44,6 +44,8 @@ struct ThreadResult {
     wrong: usize,
     /// Reads after the thread's first that did not come from memory.
     later_not_from_memory: usize,
+    /// The turns of those reads.
+    missed_turns: Vec<usize>,
 }
 
 async fn run_with_persister_delay(setup: &Setup, persister_delay_ms: u64) -> Vec<Row> {
@@ -83,6 +85,7 @@ async fn run_with_persister_delay(setup: &Setup, persister_delay_ms: u64) -> Vec
                 reads: 0,
                 wrong: 0,
                 later_not_from_memory: 0,
+                missed_turns: Vec::new(),
             };
             for turn in 0..TURNS {
                 let reply = read(worker, &result.conversation.thread).await;
@@ -94,6 +97,7 @@ async fn run_with_persister_delay(setup: &Setup, persister_delay_ms: u64) -> Vec
                 }
                 if turn > 0 && reply.source != "cache" {
                     result.later_not_from_memory += 1;
+                    result.missed_turns.push(turn);
                 }
                 let rows = result.conversation.next_turn();
                 for row in &rows {
@@ -123,7 +127,10 @@ async fn run_with_persister_delay(setup: &Setup, persister_delay_ms: u64) -> Vec
     let later = reads - THREADS;
     let later_not_from_memory: usize = results.iter().map(|r| r.later_not_from_memory).sum();
     let from_memory = scrape.sample("history_view_read_duration_seconds_count{source=\"cache\"}");
-    eprintln!("DEBUG fill {} s / {}; markers {} s / {}", scrape.sample("history_view_store_query_duration_seconds_sum{stage=\"fill\"}"), scrape.sample("history_view_store_query_duration_seconds_count{stage=\"fill\"}"), scrape.sample("history_view_store_query_duration_seconds_sum{stage=\"markers\"}"), scrape.sample("history_view_store_query_duration_seconds_count{stage=\"markers\"}"));
+    let mut missed_by_turn = [0usize; TURNS];
+    for turn in results.iter().flat_map(|r| &r.missed_turns) {
+        missed_by_turn[*turn] += 1;
+    }
     drop(worker);
 
     // Once the persister has caught up, a fresh worker's cold read of every thread gives the same answers.
@@ -146,7 +153,8 @@ async fn run_with_persister_delay(setup: &Setup, persister_delay_ms: u64) -> Vec
         "P7",
         &format!(
             "{label}: {wrong} wrong of {reads}; later reads not from memory {later_not_from_memory} of {later}; \
-             fills {fills}, hydration queries {hydrations}, re-read queries {rereads}"
+             fill queries {fills}, hydration queries {hydrations}, re-read queries {rereads}; not from memory by turn \
+             {missed_by_turn:?}"
         ),
     );
     let pass = wrong == 0

@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use chat_history_view::config::DEFAULT_FILL_INDEX_HINT;
-use chat_history_view::store::{events_filter, events_sort, markers_pipeline, projection};
+use chat_history_view::store::{
+    events_filter, events_sort, fill_filter, markers_pipeline, projection,
+};
 use mongodb::bson::{Bson, doc};
 use serde_json::json;
 
@@ -105,13 +107,14 @@ async fn a_fill_reads_the_display_index() {
         ));
     }
     app.store.insert_rows(&rows).await;
-    // The worker's fill: stage 2's filter for the newly visible displays, hinted with the display index.
+    // The worker's fill: stage 2's filter for the newly visible displays of a batch of threads, hinted with the
+    // display index.
     let displays = vec![Bson::String("d3".into())];
     let fill = app
         .store
         .db
         .run_command(doc! {"explain": {
-            "find": "agent_events", "filter": events_filter(thread, &displays), "projection": projection(),
+            "find": "agent_events", "filter": fill_filter(&[thread], &displays), "projection": projection(),
             "hint": DEFAULT_FILL_INDEX_HINT,
         }})
         .await
