@@ -22,6 +22,9 @@
 //!   - *store outage*: the outage's end is a coverage start, since aihub's persister could not write either.
 //!   - *hydration racing live events*: events that arrive during the store read are held by the view and merged;
 //!     a gap or removal during the read moves coverage start past the read's start, so the read cannot count.
+//! - A marker that lands live on a display the view has not read leaves that display uncovered: a complete view
+//!   queues a fill of its stored events, off the read path, and is served from memory again once it is done (a
+//!   read meanwhile waits for it). See [`Views::fill`] for why the view stays complete.
 //! - Memory is bounded by a byte budget: each entry is charged its view's (and last rendered answer's) bytes plus
 //!   headroom when inserted, and re-inserted (re-weighed) only when it outgrows that charge, so the charge does not
 //!   fall below what is held by more than one event between checks.

@@ -55,7 +55,11 @@ pub struct ThreadView {
     /// fetched.
     covered: HashSet<Box<str>>,
     /// Displays with a marker held but not covered: until they are filled (or hydrated), the view is not complete.
+    /// Tracked only once the view has been hydrated (before that it is partial anyway, and most views streamed in
+    /// live are never read, so they carry no such set).
     uncovered: HashSet<Box<str>>,
+    /// Whether the view was built by a hydration (so `covered` means something).
+    hydrated: bool,
     /// Set when an insert made a display uncovered while the view was complete: the cache fills it (see
     /// [`ThreadView::take_fill_due`]).
     fill_due: bool,
@@ -73,6 +77,7 @@ impl Default for ThreadView {
             complete_at: None,
             covered: HashSet::new(),
             uncovered: HashSet::new(),
+            hydrated: false,
             fill_due: false,
             version: 0,
         }
@@ -110,6 +115,7 @@ impl ThreadView {
         live: ThreadView,
     ) -> Self {
         let mut view = ThreadView::new();
+        view.hydrated = true;
         view.covered = covered.into_iter().map(String::into_boxed_str).collect();
         view.bytes += view.covered.iter().map(|d| d.len() + 32).sum::<usize>();
         for event in store_events {
@@ -151,7 +157,8 @@ impl ThreadView {
     /// Inserts one event in projection order. An event whose delivery key the view already holds (among events of
     /// the same validity) is a duplicate and is dropped: the first delivery wins, as in aihub's dedup.
     pub fn insert(&mut self, event: ViewEvent) -> Inserted {
-        if event.is_marker()
+        if self.hydrated
+            && event.is_marker()
             && !self.covered.contains(event.key.display_id())
             && !self.uncovered.contains(event.key.display_id())
         {
