@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use crate::helpers::{metric, publish_rows};
+use crate::helpers::{Api, metric, publish_rows};
 use crate::proxy::Proxy;
 use crate::scene::{Scene, read_until_cache, wait_check, wait_metric};
 use crate::turns::Conversation;
@@ -24,13 +24,39 @@ async fn persisted_conversation(scene: &Scene, thread: &str) -> Conversation {
 }
 
 /// Reads the conversation once (hydrating it, complete: no persister-lag bound here), checking the answer.
-async fn first_read(api: &crate::helpers::Api, conversation: &Conversation) {
+async fn first_read(api: &Api, conversation: &Conversation) {
     let reply = api
         .history(&conversation.thread, &Conversation::query())
         .await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.header("x-history-source"), Some("store"));
     assert_eq!(reply.json(), conversation.expected());
+}
+
+/// Publishes the conversation's next turn and waits until the worker has received all of it.
+async fn publish_turn(
+    scene: &Scene,
+    api: &Api,
+    conversation: &mut Conversation,
+) -> Vec<serde_json::Value> {
+    let received = metric(&api.metrics().await, "history_view_events_total");
+    let turn = conversation.next_turn();
+    publish_rows(&scene.publisher, &turn).await;
+    api.wait_for_events(received as u64 + turn.len() as u64)
+        .await;
+    turn
+}
+
+/// The scenarios' end: the conversation served from memory, equal to a fresh worker's cold read.
+async fn ends_in_cache(scene: &Scene, api: &Api, conversation: &Conversation) {
+    scene
+        .assert_served_from_cache_for(
+            api,
+            &conversation.thread,
+            &Conversation::query(),
+            conversation.expected()["messages"].clone(),
+        )
+        .await;
 }
 
 fn fills(metrics: &str, outcome: &str) -> f64 {
@@ -107,14 +133,7 @@ async fn the_multi_turn_read_pattern_is_served_from_memory_after_each_threads_fi
         "one hydration per thread, at its first read"
     );
     for (conversation, _) in &threads {
-        scene
-            .assert_served_from_cache_for(
-                &app.api,
-                &conversation.thread,
-                &Conversation::query(),
-                conversation.expected()["messages"].clone(),
-            )
-            .await;
+        ends_in_cache(&scene, &app.api, conversation).await;
     }
 }
 
@@ -145,14 +164,7 @@ async fn a_hitl_answer_reveals_a_display_whose_events_were_persisted_turns_earli
     assert_eq!(revealed.header("x-history-source"), Some("cache"));
     assert_eq!(revealed.json(), conversation.expected());
     assert!(revealed.body.contains("may I ask 1?"), "{}", revealed.body);
-    scene
-        .assert_served_from_cache_for(
-            &app.api,
-            &conversation.thread,
-            &Conversation::query(),
-            conversation.expected()["messages"].clone(),
-        )
-        .await;
+    ends_in_cache(&scene, &app.api, &conversation).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,12 +184,7 @@ async fn a_read_during_a_fill_waits_for_it_instead_of_hydrating() {
 
     // The store is frozen, so the fill the answer starts is in flight when the read comes.
     scene.mongo.pause();
-    let received = metric(&app.api.metrics().await, "history_view_events_total");
-    let answer_turn = conversation.next_turn();
-    publish_rows(&scene.publisher, &answer_turn).await;
-    app.api
-        .wait_for_events(received as u64 + answer_turn.len() as u64)
-        .await;
+    let answer_turn = publish_turn(&scene, &app.api, &mut conversation).await;
     let read = {
         let (api, thread) = (app.api.clone(), conversation.thread.clone());
         tokio::spawn(async move { api.history(&thread, &Conversation::query()).await })
@@ -199,14 +206,7 @@ async fn a_read_during_a_fill_waits_for_it_instead_of_hydrating() {
         "the read did not hydrate: it shared the fill"
     );
     scene.store.insert_rows(&answer_turn).await;
-    scene
-        .assert_served_from_cache_for(
-            &app.api,
-            &conversation.thread,
-            &Conversation::query(),
-            conversation.expected()["messages"].clone(),
-        )
-        .await;
+    ends_in_cache(&scene, &app.api, &conversation).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,14 +238,7 @@ async fn a_failed_fill_leaves_the_view_partial_and_the_next_read_hydrates() {
         .await;
     assert_eq!(next.header("x-history-source"), Some("store"));
     assert_eq!(next.json(), conversation.expected());
-    scene
-        .assert_served_from_cache_for(
-            &app.api,
-            &conversation.thread,
-            &Conversation::query(),
-            conversation.expected()["messages"].clone(),
-        )
-        .await;
+    ends_in_cache(&scene, &app.api, &conversation).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,12 +259,7 @@ async fn a_gap_during_a_fill_leaves_the_view_partial() {
 
     // The fill waits on the frozen store while the link to NATS drops and comes back.
     scene.mongo.pause();
-    let received = metric(&app.api.metrics().await, "history_view_events_total");
-    let answer_turn = conversation.next_turn();
-    publish_rows(&scene.publisher, &answer_turn).await;
-    app.api
-        .wait_for_events(received as u64 + answer_turn.len() as u64)
-        .await;
+    let answer_turn = publish_turn(&scene, &app.api, &mut conversation).await;
     proxy.cut();
     wait_check(&app.api, "nats", false).await;
     proxy.restore();
@@ -293,12 +281,5 @@ async fn a_gap_during_a_fill_leaves_the_view_partial() {
         2.0,
         "the view was hydrated again after the gap: {metrics}"
     );
-    scene
-        .assert_served_from_cache_for(
-            &app.api,
-            &conversation.thread,
-            &Conversation::query(),
-            conversation.expected()["messages"].clone(),
-        )
-        .await;
+    ends_in_cache(&scene, &app.api, &conversation).await;
 }
