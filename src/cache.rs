@@ -12,11 +12,12 @@
 //!     published before it was either delivered live or is in the store by the time the read starts.
 //!   - *slow consumer, dropped connection event, disconnect*: the gap moves coverage start to its handling and
 //!     changes the epoch, so complete views are partial at their next read and hydrate after the bound.
-//!   - *eviction, idle expiry*: the eviction listener records the removal for the thread's bucket (changing its
-//!     epoch, so a successor completed before the record lands is partial again) and retires the entry under its
-//!     view lock; an event that finds its entry retired is applied to the current one. An event that reached the
-//!     old entry before it was retired was published before the removal, so the store has it once the successor's
-//!     read starts the bound after the removal.
+//!   - *eviction, idle expiry*: an entry records its removal for the thread's bucket when it is dropped (the
+//!     cache let go of it and nothing holds it any more), which also changes the bucket's epoch, so a successor
+//!     completed before the record is partial again. Every event applied to the old entry was applied before its
+//!     drop, so the successor's store read (at least the bound after the record) returns it. A successor created
+//!     while an entry of its bucket is still alive (possibly its predecessor, not dropped yet) covers the thread
+//!     from its own creation.
 //!   - *replacement during re-weigh*: [`Views::reweigh`] re-inserts an entry only while it is still the current
 //!     one (an atomic compute on the key), so no other entry's events are overwritten.
 //!   - *store outage*: the outage's end is a coverage start, since aihub's persister could not write either.
@@ -39,7 +40,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use moka::future::Cache;
-use moka::notification::RemovalCause;
 use moka::ops::compute::Op;
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -51,9 +51,6 @@ use crate::metrics::{FillOutcome, Hydration, Metrics, RereadResult, Source};
 use crate::project::{HistoryMessage, Identity, Projection};
 use crate::store::{Store, StoreError};
 use crate::view::{Inserted, ThreadView, ViewState};
-
-/// How often a live event looks for a current entry of its thread (see [`Views::apply`]).
-const APPLY_ATTEMPTS: usize = 3;
 
 /// Most views one fill query serves.
 const FILL_BATCH: usize = 64;
@@ -96,10 +93,11 @@ struct Entry {
     thread_id: Box<str>,
     /// The thread's removal bucket in [`Coverage`].
     bucket: usize,
+    /// The floor of this entry's coverage start ([`Coverage::entry_created`]).
+    floor: Stamp,
+    /// Where the entry records its removal when it is dropped.
+    coverage: Coverage,
     view: Mutex<ThreadView>,
-    /// Set, under the view lock, once the cache let go of this entry: an event that finds it set goes to the
-    /// thread's current entry instead.
-    retired: AtomicBool,
     /// Held while hydrating or filling, so concurrent readers of a partial view share one store query, and a read
     /// that arrives during a fill waits for it.
     hydration: Arc<tokio::sync::Mutex<()>>,
@@ -134,13 +132,22 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.coverage
+            .entry_dropped(self.bucket, self.coverage.now());
+    }
+}
+
 impl Entry {
-    fn new(thread_id: &str) -> Self {
+    fn new(thread_id: &str, coverage: &Coverage) -> Self {
+        let bucket = coverage::bucket(thread_id);
         Self {
             thread_id: thread_id.into(),
-            bucket: coverage::bucket(thread_id),
+            bucket,
+            floor: coverage.entry_created(bucket, coverage.now()),
+            coverage: coverage.clone(),
             view: Mutex::new(ThreadView::new()),
-            retired: AtomicBool::new(false),
             hydration: Arc::new(tokio::sync::Mutex::new(())),
             failed_hydrations: AtomicU64::new(0),
             hydrations: AtomicU64::new(0),
@@ -150,15 +157,6 @@ impl Entry {
             rendered: Mutex::new(None),
             warned: Mutex::new(HashSet::new()),
         }
-    }
-
-    /// The cache let go of this entry at `now`: record the removal for the thread's bucket, then retire the entry
-    /// under its view lock, so an insert either landed before (the event was published before the removal, and
-    /// the successor's store read covers it) or sees the entry retired and goes to the successor.
-    fn retire(&self, coverage: &Coverage) {
-        let _view = lock(&self.view);
-        coverage.removed(self.bucket, coverage.now());
-        self.retired.store(true, Ordering::Release);
     }
 
     /// Bytes held: the view and its last rendered answer.
@@ -260,19 +258,10 @@ impl Views {
         max_bytes: u64,
         idle: Duration,
     ) -> Self {
-        let removals = coverage.clone();
         let cache = Cache::builder()
             .max_capacity(max_bytes)
             .weigher(|_thread: &String, entry: &Arc<Entry>| entry.charge())
             .time_to_idle(idle)
-            // moka calls the listener under its lock for the key (before the thread's next entry can be inserted,
-            // or right after the insert that replaces an expired entry; the bucket's epoch covers that window).
-            // `Replaced` is not a removal: only `reweigh` replaces, and with the same entry.
-            .eviction_listener(move |_thread, entry: Arc<Entry>, cause| {
-                if cause != RemovalCause::Replaced {
-                    entry.retire(&removals);
-                }
-            })
             .build();
         let (fills, requests) = mpsc::channel(FILL_QUEUE);
         let views = Self {
@@ -287,36 +276,23 @@ impl Views {
         views
     }
 
-    /// Applies one live event to its thread's current view, creating a partial view for a thread not held.
-    ///
-    /// An entry found retired (the cache let go of it since the lookup) is looked up again, a few times. An entry
-    /// this call created and the cache rejected at once (a full cache admits no new thread now) is not retried.
-    /// Either way an event that no entry takes is not lost for reads: each of those removals was recorded after
-    /// the event arrived, so the thread's next entry is complete only once the store has it.
+    /// Applies one live event to its thread's view, creating a partial view for a thread not held. An event
+    /// applied to an entry the cache let go of meanwhile is not lost for reads: that entry records its removal when
+    /// it is dropped, after the event, so the thread's next entry is complete only once the store has it.
     pub async fn apply(&self, event: ViewEvent) -> Inserted {
-        for _ in 0..APPLY_ATTEMPTS {
-            let (entry, created) = self.entry(event.key.thread_id()).await;
-            let (inserted, fill_due) = {
-                let mut view = lock(&entry.view);
-                if entry.retired.load(Ordering::Acquire) {
-                    if created {
-                        break;
-                    }
-                    continue;
-                }
-                let inserted = view.insert(event);
-                (inserted, view.take_fill_due())
-            };
-            if fill_due {
-                self.schedule_fill(&entry);
-            }
-            if entry.outgrew_charge() {
-                self.reweigh(&entry).await;
-            }
-            return inserted;
+        let entry = self.entry(event.key.thread_id()).await;
+        let (inserted, fill_due) = {
+            let mut view = lock(&entry.view);
+            let inserted = view.insert(event);
+            (inserted, view.take_fill_due())
+        };
+        if fill_due {
+            self.schedule_fill(&entry);
         }
-        // Relevant and not known as a duplicate; the store holds it for the thread's next entry.
-        Inserted::Added
+        if entry.outgrew_charge() {
+            self.reweigh(&entry).await;
+        }
+        inserted
     }
 
     /// Answers a history read, from memory when the view is complete, otherwise by hydrating it from the store.
@@ -328,7 +304,7 @@ impl Views {
         thread_id: &str,
         primary: Option<&Identity>,
     ) -> Result<Answer, StoreError> {
-        let (entry, _) = self.entry(thread_id).await;
+        let entry = self.entry(thread_id).await;
         if let Some(answer) = self.complete_answer(&entry, primary, Source::Cache) {
             self.metrics.cache_hit();
             return Ok(answer);
@@ -374,7 +350,7 @@ impl Views {
     /// Reads the thread from the store and merges the live events held; marks the view complete when the coverage
     /// verdict allows it, or schedules a re-read for when it will. The caller holds the entry's hydration lock.
     async fn hydrate(&self, entry: &Arc<Entry>, hydration: Hydration) -> Result<(), StoreError> {
-        let start = self.coverage.read_start_now(entry.bucket);
+        let start = self.coverage.read_start_now(entry.bucket, entry.floor);
         let rows = match self.store.thread_rows(&entry.thread_id, hydration).await {
             Ok(rows) => rows,
             Err(error) => {
@@ -433,9 +409,7 @@ impl Views {
             entry.reread_scheduled.store(false, Ordering::Release);
             let _hydrating = entry.hydration.lock().await;
             let current = views.coverage.epoch(entry.bucket);
-            if entry.retired.load(Ordering::Acquire)
-                || lock(&entry.view).state(current) == ViewState::Complete
-            {
+            if lock(&entry.view).state(current) == ViewState::Complete {
                 return;
             }
             let result = match views.hydrate(&entry, Hydration::Reread).await {
@@ -548,7 +522,7 @@ impl Views {
             let epoch = self.coverage.epoch(entry.bucket);
             let displays = {
                 let view = lock(&entry.view);
-                if entry.retired.load(Ordering::Acquire) || !view.needs_fill(epoch) {
+                if !view.needs_fill(epoch) {
                     continue;
                 }
                 view.uncovered_displays()
@@ -614,18 +588,16 @@ impl Views {
         }
     }
 
-    /// The thread's current entry, and whether this call created it.
-    async fn entry(&self, thread_id: &str) -> (Arc<Entry>, bool) {
+    /// The thread's current entry, created if the cache holds none.
+    async fn entry(&self, thread_id: &str) -> Arc<Entry> {
         if let Some(entry) = self.cache.get(thread_id).await {
-            return (entry, false);
+            return entry;
         }
-        let entry = self
-            .cache
-            .entry_by_ref(thread_id)
-            .or_insert_with(async { Arc::new(Entry::new(thread_id)) })
-            .await;
-        let created = entry.is_fresh();
-        (entry.into_value(), created)
+        self.cache
+            .get_with_by_ref(thread_id, async {
+                Arc::new(Entry::new(thread_id, &self.coverage))
+            })
+            .await
     }
 
     /// Re-inserts `entry` so moka weighs it again, if it is still the thread's current entry. An entry the cache

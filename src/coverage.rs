@@ -5,7 +5,8 @@
 //! on, the latest of:
 //! - the first confirmed round trip after the subscription was (re)established ([`Coverage::confirm_live`]);
 //! - the handling of the last gap signal ([`Coverage::gap`], [`Coverage::disconnected`]);
-//! - the removal of the thread's previous cache entry ([`Coverage::removed`]);
+//! - the removal of the thread's previous cache entry, recorded when it is dropped ([`Coverage::entry_dropped`]), or
+//!   the creation of the current one while an entry of its bucket may still be alive ([`Coverage::entry_created`]);
 //! - the end of the last store outage ([`Coverage::store_failed`], [`Coverage::store_answered`]).
 //!
 //! An event published before the coverage start is in the store once aihub's persister wrote it, which it does
@@ -13,8 +14,9 @@
 //! read that started at least that bound after the coverage start, merged with the live events, holds every event
 //! of the thread: [`Coverage::verdict`].
 //!
-//! Removals are remembered per bucket of thread ids (a fixed array, so the memory never fills up): a removal in a
-//! bucket counts for every thread of the bucket, which is conservative, never wrong.
+//! Removals are remembered per bucket of thread ids (fixed arrays of a stamp and a count of live entries, so the
+//! memory never fills up): a removal in a bucket counts for every thread of the bucket, which is conservative,
+//! never wrong.
 //!
 //! Time is a [`Stamp`] on the process's monotonic clock. The rules take `now` from their caller, so they are
 //! tested with a hand-driven clock; the `*_now` wrappers read the real one.
@@ -22,7 +24,7 @@
 //! [design 2.1]: ../docs/design.md#21-the-persister-lag-rule
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -79,6 +81,8 @@ impl Epoch {
 pub struct ReadStart {
     at: Stamp,
     bucket: usize,
+    /// The entry's own floor of its coverage start ([`Coverage::entry_created`]).
+    floor: Stamp,
 }
 
 /// Whether a view whose store read started at a [`ReadStart`] may be marked complete.
@@ -114,8 +118,10 @@ struct Inner {
     last_gap: AtomicU64,
     /// When the store last recovered from an outage; `NEVER` during one. 0: no outage seen.
     store_ok_since: AtomicU64,
-    /// Per bucket of thread ids, the moment of the last removal of a cache entry; strictly increasing per bucket.
+    /// Per bucket of thread ids, the moment the last cache entry was dropped; strictly increasing per bucket.
     removals: Box<[AtomicU64]>,
+    /// Per bucket of thread ids, the cache entries alive now (created and not yet dropped).
+    alive: Box<[AtomicU32]>,
 }
 
 /// Moves `cell` to `now`, or one past its value when `now` is not later, and returns the new value: a moment that
@@ -142,6 +148,7 @@ impl Coverage {
                 last_gap: AtomicU64::new(0),
                 store_ok_since: AtomicU64::new(0),
                 removals: (0..REMOVAL_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+                alive: (0..REMOVAL_BUCKETS).map(|_| AtomicU32::new(0)).collect(),
             }),
         }
     }
@@ -208,9 +215,27 @@ impl Coverage {
         advance(&self.inner.last_gap, now);
     }
 
-    /// The cache let go of an entry of a thread in `bucket` at `now`: its events are gone with it, so the thread's
-    /// next entry covers it from `now` only.
-    pub fn removed(&self, bucket: usize, now: Stamp) {
+    /// A cache entry of a thread in `bucket` is created at `now`. Returns the floor of its coverage start: `now` if
+    /// another entry of the bucket is alive (it may be this thread's previous entry, removed from the cache but not
+    /// dropped yet, holding events the new one never sees), otherwise nothing (the previous entry, if any, was
+    /// dropped and recorded already).
+    pub fn entry_created(&self, bucket: usize, now: Stamp) -> Stamp {
+        if self.inner.alive[bucket].fetch_add(1, Ordering::AcqRel) > 0 {
+            now
+        } else {
+            Stamp(0)
+        }
+    }
+
+    /// A cache entry of a thread in `bucket` is dropped at `now` (the cache let go of it and nothing holds it any
+    /// more): its events are gone with it, so the thread's next entry covers it from `now` only. Every event
+    /// applied to it was applied before this moment.
+    pub fn entry_dropped(&self, bucket: usize, now: Stamp) {
+        self.removed(bucket, now);
+        self.inner.alive[bucket].fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn removed(&self, bucket: usize, now: Stamp) {
         advance(&self.inner.removals[bucket], now);
     }
 
@@ -240,9 +265,14 @@ impl Coverage {
         }
     }
 
-    /// Taken immediately before the first store query of a read of a thread in `bucket`.
-    pub fn read_start(&self, bucket: usize, now: Stamp) -> ReadStart {
-        ReadStart { at: now, bucket }
+    /// Taken immediately before the first store query of a read of a thread in `bucket`, for an entry whose own
+    /// coverage floor is `floor`.
+    pub fn read_start(&self, bucket: usize, floor: Stamp, now: Stamp) -> ReadStart {
+        ReadStart {
+            at: now,
+            bucket,
+            floor,
+        }
     }
 
     /// Judges, once the read has finished, whether the view it built may be complete: only if the read started at
@@ -261,7 +291,8 @@ impl Coverage {
             live_since
                 .max(epoch.gap)
                 .max(epoch.removal)
-                .max(store_ok_since),
+                .max(store_ok_since)
+                .max(start.floor.0),
         );
         let earliest = coverage_start.plus(self.inner.lag);
         if start.at >= earliest {
@@ -272,8 +303,8 @@ impl Coverage {
     }
 
     /// [`Coverage::read_start`] at the current moment.
-    pub fn read_start_now(&self, bucket: usize) -> ReadStart {
-        self.read_start(bucket, self.now())
+    pub fn read_start_now(&self, bucket: usize, floor: Stamp) -> ReadStart {
+        self.read_start(bucket, floor, self.now())
     }
 }
 
@@ -295,7 +326,7 @@ mod tests {
     }
 
     fn verdict_of_read_at(coverage: &Coverage, bucket: usize, at: Stamp) -> Verdict {
-        coverage.verdict(&coverage.read_start(bucket, at))
+        coverage.verdict(&coverage.read_start(bucket, Stamp(0), at))
     }
 
     #[test]
@@ -340,7 +371,7 @@ mod tests {
     #[test]
     fn a_gap_during_a_read_leaves_it_deferred() {
         let coverage = live_at(ms(0));
-        let start = coverage.read_start(1, ms(10_000));
+        let start = coverage.read_start(1, Stamp(0), ms(10_000));
         coverage.gap(ms(10_001));
         assert_eq!(coverage.verdict(&start), Verdict::Deferred(ms(12_001)));
     }
@@ -383,7 +414,8 @@ mod tests {
         assert_ne!(evicted, other, "the two test threads share a bucket");
         let other_epoch = coverage.epoch(other);
         let evicted_epoch = coverage.epoch(evicted);
-        coverage.removed(evicted, ms(10_000));
+        assert_eq!(coverage.entry_created(evicted, ms(1)), Stamp(0));
+        coverage.entry_dropped(evicted, ms(10_000));
         assert_eq!(coverage.epoch(other), other_epoch);
         assert_ne!(coverage.epoch(evicted), evicted_epoch);
         assert_eq!(
@@ -404,8 +436,33 @@ mod tests {
         let Verdict::Complete(epoch) = verdict_of_read_at(&coverage, b, ms(5_000)) else {
             panic!("complete expected");
         };
-        coverage.removed(b, ms(5_001));
+        coverage.entry_created(b, ms(1));
+        coverage.entry_dropped(b, ms(5_001));
         assert_ne!(coverage.epoch(b), epoch);
+    }
+
+    #[test]
+    fn an_entry_created_while_another_of_its_bucket_is_alive_covers_from_its_creation() {
+        let coverage = live_at(ms(0));
+        let b = bucket("t");
+        // The thread's previous entry: out of the cache, but still held (not dropped, not recorded yet).
+        assert_eq!(coverage.entry_created(b, ms(100)), Stamp(0));
+        let floor = coverage.entry_created(b, ms(9_000));
+        assert_eq!(floor, ms(9_000));
+        let start = coverage.read_start(b, floor, ms(9_500));
+        assert_eq!(coverage.verdict(&start), Verdict::Deferred(ms(11_000)));
+        // Once both are gone, a new entry needs no floor of its own: the drops are recorded.
+        coverage.entry_dropped(b, ms(9_600));
+        coverage.entry_dropped(b, ms(9_700));
+        assert_eq!(coverage.entry_created(b, ms(12_000)), Stamp(0));
+        assert_eq!(
+            verdict_of_read_at(&coverage, b, ms(11_000)),
+            Verdict::Deferred(ms(11_700))
+        );
+        assert!(matches!(
+            verdict_of_read_at(&coverage, b, ms(12_000)),
+            Verdict::Complete(_)
+        ));
     }
 
     #[test]
