@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use crate::helpers::{Api, metric, publish_rows};
+use crate::helpers::{Api, BinaryApp, metric, publish_rows};
 use crate::proxy::Proxy;
 use crate::scene::{Scene, read_until_cache, wait_check, wait_metric};
 use crate::turns::Conversation;
@@ -23,14 +23,31 @@ async fn persisted_conversation(scene: &Scene, thread: &str) -> Conversation {
     conversation
 }
 
-/// Reads the conversation once (hydrating it, complete: no persister-lag bound here), checking the answer.
-async fn first_read(api: &Api, conversation: &Conversation) {
-    let reply = api
+/// A worker without a persister-lag bound (these scenarios are about fills) reaching NATS at `nats_url`, after its
+/// first read of the conversation (a hydration that completes the view), checked.
+async fn worker_after_first_read(
+    scene: &Scene,
+    nats_url: String,
+    store_timeout_ms: &str,
+    conversation: &Conversation,
+) -> BinaryApp {
+    let app = scene
+        .worker(
+            nats_url,
+            &[
+                ("HISTORY_VIEW_PERSIST_LAG_MS", "0"),
+                ("HISTORY_VIEW_STORE_TIMEOUT_MS", store_timeout_ms),
+            ],
+        )
+        .await;
+    let reply = app
+        .api
         .history(&conversation.thread, &Conversation::query())
         .await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.header("x-history-source"), Some("store"));
     assert_eq!(reply.json(), conversation.expected());
+    app
 }
 
 /// Publishes the conversation's next turn and waits until the worker has received all of it.
@@ -141,10 +158,7 @@ async fn the_multi_turn_read_pattern_is_served_from_memory_after_each_threads_fi
 async fn a_hitl_answer_reveals_a_display_whose_events_were_persisted_turns_earlier() {
     let scene = Scene::new().await;
     let mut conversation = persisted_conversation(&scene, "t-reveal-fill").await;
-    let app = scene
-        .worker(scene.nats.url(), &[("HISTORY_VIEW_PERSIST_LAG_MS", "0")])
-        .await;
-    first_read(&app.api, &conversation).await;
+    let app = worker_after_first_read(&scene, scene.nats.url(), "2000", &conversation).await;
 
     // The answer lands live on the hidden display: the question and the helper's chunk, stored turns ago and never
     // read by this worker, become visible.
@@ -171,16 +185,7 @@ async fn a_hitl_answer_reveals_a_display_whose_events_were_persisted_turns_earli
 async fn a_read_during_a_fill_waits_for_it_instead_of_hydrating() {
     let scene = Scene::new().await;
     let mut conversation = persisted_conversation(&scene, "t-fill-race").await;
-    let app = scene
-        .worker(
-            scene.nats.url(),
-            &[
-                ("HISTORY_VIEW_PERSIST_LAG_MS", "0"),
-                ("HISTORY_VIEW_STORE_TIMEOUT_MS", "15000"),
-            ],
-        )
-        .await;
-    first_read(&app.api, &conversation).await;
+    let app = worker_after_first_read(&scene, scene.nats.url(), "15000", &conversation).await;
 
     // The store is frozen, so the fill the answer starts is in flight when the read comes.
     scene.mongo.pause();
@@ -213,16 +218,7 @@ async fn a_read_during_a_fill_waits_for_it_instead_of_hydrating() {
 async fn a_failed_fill_leaves_the_view_partial_and_the_next_read_hydrates() {
     let scene = Scene::new().await;
     let mut conversation = persisted_conversation(&scene, "t-fill-fails").await;
-    let app = scene
-        .worker(
-            scene.nats.url(),
-            &[
-                ("HISTORY_VIEW_PERSIST_LAG_MS", "0"),
-                ("HISTORY_VIEW_STORE_TIMEOUT_MS", "500"),
-            ],
-        )
-        .await;
-    first_read(&app.api, &conversation).await;
+    let app = worker_after_first_read(&scene, scene.nats.url(), "500", &conversation).await;
 
     scene.mongo.pause();
     let answer_turn = conversation.next_turn();
@@ -246,16 +242,7 @@ async fn a_gap_during_a_fill_leaves_the_view_partial() {
     let scene = Scene::new().await;
     let mut conversation = persisted_conversation(&scene, "t-fill-gap").await;
     let proxy = Proxy::start(scene.nats.address()).await;
-    let app = scene
-        .worker(
-            proxy.nats_url(),
-            &[
-                ("HISTORY_VIEW_PERSIST_LAG_MS", "0"),
-                ("HISTORY_VIEW_STORE_TIMEOUT_MS", "15000"),
-            ],
-        )
-        .await;
-    first_read(&app.api, &conversation).await;
+    let app = worker_after_first_read(&scene, proxy.nats_url(), "15000", &conversation).await;
 
     // The fill waits on the frozen store while the link to NATS drops and comes back.
     scene.mongo.pause();

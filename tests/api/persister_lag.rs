@@ -8,9 +8,25 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::helpers::{chunk_row, metric, publish_rows, spawn_app_with, turns, user_row};
+use crate::helpers::{Api, chunk_row, metric, publish_rows, spawn_app_with, turns, user_row};
 use crate::proxy::Proxy;
 use crate::scene::{Scene, messages, now_ns, read_until_cache, wait_check, wait_metric};
+
+/// Persists a first user turn of `thread` and reads it until the worker serves it from memory.
+async fn warm(scene: &Scene, api: &Api, thread: &str) {
+    scene
+        .store
+        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
+        .await;
+    read_until_cache(api, thread, "").await;
+}
+
+/// The `n`th part of an answer streamed on `thread`'s first display: its text and its row.
+fn part(thread: &str, n: i64) -> (String, Value) {
+    let text = format!("part{n} ");
+    let row = chunk_row(thread, "d1", "A", &format!("c{n}"), now_ns(1 + n), &text);
+    (text, row)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_published_before_the_worker_started_appears_once_persisted() {
@@ -50,11 +66,7 @@ async fn events_missed_while_the_link_to_nats_was_cut_appear_once_persisted() {
     let proxy = Proxy::start(scene.nats.address()).await;
     let app = scene.worker(proxy.nats_url(), &[]).await;
     let thread = "t-link-cut";
-    scene
-        .store
-        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
-        .await;
-    read_until_cache(&app.api, thread, "").await;
+    warm(&scene, &app.api, thread).await;
 
     proxy.cut();
     app.api.wait_readiness(false).await;
@@ -90,25 +102,13 @@ async fn events_dropped_by_a_slow_consumer_appear_once_persisted() {
         )
         .await;
     let thread = "t-slow";
-    scene
-        .store
-        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
-        .await;
-    read_until_cache(&app.api, thread, "").await;
+    warm(&scene, &app.api, thread).await;
 
     // Frozen, the worker reads nothing; let go, it finds thousands of messages and room for eight. Whether the
     // thread's event is among those dropped is up to the race, so the scenario repeats until it is.
     let mut expected = String::new();
     for attempt in 0..5 {
-        let text = format!("part{attempt} ");
-        let event = chunk_row(
-            thread,
-            "d1",
-            "A",
-            &format!("c{attempt}"),
-            now_ns(1 + attempt),
-            &text,
-        );
+        let (text, event) = part(thread, attempt);
         let mut flood: Vec<Value> = (0..4_000)
             .map(|i| chunk_row("t-flood", "d1", "A", &format!("f{attempt}-{i}"), i, "x"))
             .collect();
@@ -151,11 +151,7 @@ async fn an_event_held_only_by_an_expired_entry_appears_once_persisted() {
         .worker(scene.nats.url(), &[("HISTORY_VIEW_CACHE_IDLE_SECS", "1")])
         .await;
     let thread = "t-expired";
-    scene
-        .store
-        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
-        .await;
-    read_until_cache(&app.api, thread, "").await;
+    warm(&scene, &app.api, thread).await;
 
     // Heard live and held by the entry only; the persister is behind. The entry then goes idle and expires.
     let late = chunk_row(thread, "d1", "A", "e2", now_ns(1), "late");
@@ -196,25 +192,13 @@ async fn an_event_held_only_by_an_evicted_entry_appears_once_persisted() {
         )
         .await;
     let thread = "t-evicted";
-    scene
-        .store
-        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
-        .await;
-    read_until_cache(&app.api, thread, "").await;
+    warm(&scene, &app.api, thread).await;
 
     // Each round: an event reaches the thread live only, then other threads stream in until the budget pushes
     // the thread out (the eviction policy decides when; the round repeats until it has).
     let mut expected = String::new();
     for round in 0..5 {
-        let text = format!("part{round} ");
-        let event = chunk_row(
-            thread,
-            "d1",
-            "A",
-            &format!("c{round}"),
-            now_ns(1 + round),
-            &text,
-        );
+        let (text, event) = part(thread, round);
         let received = metric(&app.api.metrics().await, "history_view_events_total");
         publish_rows(&scene.publisher, std::slice::from_ref(&event)).await;
         let flood: Vec<Value> = (0..1_500)
@@ -271,11 +255,7 @@ async fn events_persisted_late_after_a_store_outage_appear() {
         )
         .await;
     let thread = "t-outage";
-    scene
-        .store
-        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
-        .await;
-    read_until_cache(&app.api, thread, "").await;
+    warm(&scene, &app.api, thread).await;
 
     // The store freezes; meanwhile the worker also loses NATS and misses an event, which aihub's persister cannot
     // write while the store is down.
