@@ -408,23 +408,24 @@ impl Views {
             }
             entry.reread_scheduled.store(false, Ordering::Release);
             let _hydrating = entry.hydration.lock().await;
-            let current = views.coverage.epoch(entry.bucket);
-            if lock(&entry.view).state(current) == ViewState::Complete {
+            if views.state(&entry) == ViewState::Complete {
                 return;
             }
             let result = match views.hydrate(&entry, Hydration::Reread).await {
                 Err(_) => RereadResult::Error,
-                Ok(()) => {
-                    let current = views.coverage.epoch(entry.bucket);
-                    match lock(&entry.view).state(current) {
-                        ViewState::Complete => RereadResult::Complete,
-                        ViewState::Partial => RereadResult::Partial,
-                    }
-                }
+                Ok(()) => match views.state(&entry) {
+                    ViewState::Complete => RereadResult::Complete,
+                    ViewState::Partial => RereadResult::Partial,
+                },
             };
             views.metrics.reread(result);
             views.reweigh(&entry).await;
         });
+    }
+
+    /// The entry's view state as of its thread's current coverage epoch.
+    fn state(&self, entry: &Entry) -> ViewState {
+        lock(&entry.view).state(self.coverage.epoch(entry.bucket))
     }
 
     fn complete_answer(
@@ -558,13 +559,10 @@ impl Views {
                 }
                 for ((request, displays), events) in work.into_iter().zip(per_view) {
                     let entry = &request.entry;
-                    let outcome = {
-                        let mut view = lock(&entry.view);
-                        view.fill(&displays, events);
-                        match view.state(self.coverage.epoch(entry.bucket)) {
-                            ViewState::Complete => FillOutcome::Complete,
-                            ViewState::Partial => FillOutcome::Partial,
-                        }
+                    lock(&entry.view).fill(&displays, events);
+                    let outcome = match self.state(entry) {
+                        ViewState::Complete => FillOutcome::Complete,
+                        ViewState::Partial => FillOutcome::Partial,
                     };
                     self.metrics.fill(outcome);
                     self.reweigh(entry).await;

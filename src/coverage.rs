@@ -36,10 +36,6 @@ impl Stamp {
     /// Never happened (a coverage start of `NEVER` covers nothing).
     const NEVER: u64 = u64::MAX;
 
-    pub fn from_nanos(nanos: u64) -> Self {
-        Self(nanos)
-    }
-
     fn plus(self, duration: Duration) -> Self {
         Self(
             self.0
@@ -151,11 +147,6 @@ impl Coverage {
                 alive: (0..REMOVAL_BUCKETS).map(|_| AtomicU32::new(0)).collect(),
             }),
         }
-    }
-
-    /// The persister-lag bound.
-    pub fn lag(&self) -> Duration {
-        self.inner.lag
     }
 
     /// The current moment.

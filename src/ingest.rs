@@ -227,11 +227,6 @@ impl Ingest {
         tracing::info!(event = %event, views_downgraded = is_gap(event), "NATS connection event");
         matches!(event, Event::Connected)
     }
-
-    /// Records the connection state where readiness looks for it.
-    pub fn set_connected(&self, connected: bool) {
-        self.readiness.set_connected(connected);
-    }
 }
 
 /// The worker's own subscription for confirmation probes, on a subject nothing else uses (an inbox subject, so

@@ -156,7 +156,7 @@ impl Application {
             coverage,
         );
         if nats.connection_state() == async_nats::connection::State::Connected {
-            ingest.set_connected(true);
+            state.readiness.set_connected(true);
         }
         tracker.spawn(ingest.clone().watch_connection(
             nats.clone(),
