@@ -185,7 +185,7 @@ impl Entry {
     /// logged for this view before are logged (and counted in `metrics`).
     fn render(
         &self,
-        view: &ThreadView,
+        view: &mut ThreadView,
         primary: Option<&Identity>,
         source: Source,
         metrics: &Metrics,
@@ -326,8 +326,8 @@ impl Views {
         }
         // Answer from what was read even when the view stays partial (the next read hydrates again).
         let answer = {
-            let view = lock(&entry.view);
-            entry.render(&view, primary, Source::Store, &self.metrics)
+            let mut view = lock(&entry.view);
+            entry.render(&mut view, primary, Source::Store, &self.metrics)
         };
         if !shared {
             self.reweigh(&entry).await;
@@ -436,7 +436,7 @@ impl Views {
     ) -> Option<Answer> {
         let mut view = lock(&entry.view);
         if view.state(self.coverage.epoch(entry.bucket)) == ViewState::Complete {
-            return Some(entry.render(&view, primary, source, &self.metrics));
+            return Some(entry.render(&mut view, primary, source, &self.metrics));
         }
         // Complete as of an older epoch: a gap or a removal happened since.
         if view.downgrade_if_stale(self.coverage.epoch(entry.bucket)) {

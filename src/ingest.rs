@@ -1,5 +1,11 @@
-//! The live path: the NATS subscription loop (subject → decode → view) and the connection watcher, which confirms
-//! the subscription by a round trip and turns possible gaps into coverage changes ([`Coverage`]).
+//! The live path: the NATS subscription loop, which hands each message to its thread's ingest shard, the shards
+//! (subject → decode → view), and the connection watcher, which confirms the subscription by a round trip and
+//! turns possible gaps into coverage changes ([`Coverage`]).
+//!
+//! Sharding by thread keeps one thread's cost (a flood of events, a long read holding its view) from delaying
+//! other threads' events beyond its shard: the subscription loop only reads the thread token and queues the
+//! message, so it never waits for a view. A shard whose queue is full drops the event, which is a gap
+//! ([`Coverage::gap`]), as a slow-consumer drop in the NATS client is.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +28,11 @@ use crate::view::Inserted;
 /// (the views are dropped with the process anyway).
 const DRAIN_LIMIT: usize = 10_000;
 
+/// How many tasks apply live events, each to the threads whose id hashes to it.
+pub const SHARDS: usize = 4;
+/// Most messages a shard takes from its queue at once.
+const SHARD_BATCH: usize = 64;
+
 /// How often the watcher checks whether a connected but unconfirmed subscription needs a probe, and how long a
 /// probe may stay unanswered before another is sent.
 const PROBE_INTERVAL: Duration = Duration::from_millis(250);
@@ -34,38 +45,60 @@ pub struct Ingest {
     metrics: Metrics,
     readiness: Readiness,
     coverage: Coverage,
-    /// Log rate limits for messages that are not display-event subjects and payloads that are not JSON.
+    /// Messages each shard's queue holds before it drops one.
+    shard_capacity: usize,
+    /// Log rate limits for messages that are not display-event subjects, payloads that are not JSON, and events
+    /// dropped by a full shard queue.
     bad_subject_log: Arc<RateLimit>,
     malformed_log: Arc<RateLimit>,
+    dropped_log: Arc<RateLimit>,
+}
+
+/// The senders of the ingest shards' queues and the shards' tasks.
+struct Shards {
+    queues: Vec<mpsc::Sender<Message>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Ingest {
-    pub fn new(views: Views, metrics: Metrics, readiness: Readiness, coverage: Coverage) -> Self {
+    /// `buffered` messages may wait for the views, split evenly over the [`SHARDS`] queues.
+    pub fn new(
+        views: Views,
+        metrics: Metrics,
+        readiness: Readiness,
+        coverage: Coverage,
+        buffered: usize,
+    ) -> Self {
         Self {
             views,
             metrics,
             readiness,
             coverage,
+            shard_capacity: buffered.div_ceil(SHARDS).max(1),
             bad_subject_log: Arc::default(),
             malformed_log: Arc::default(),
+            dropped_log: Arc::default(),
         }
     }
 
-    /// Consumes `subscriber` until `stop` is cancelled or the subscription ends. After a stop, unsubscribes and
-    /// applies what was already buffered (bounded by [`DRAIN_LIMIT`]).
+    /// Consumes `subscriber` until `stop` is cancelled or the subscription ends, handing each message to its
+    /// thread's shard. After a stop, unsubscribes, hands over what was already buffered (bounded by
+    /// [`DRAIN_LIMIT`]) and waits for the shards to apply it.
     ///
     /// Returns normally only on a stop request; `Err(())` when the subscription ended by itself.
     pub async fn run(self, mut subscriber: Subscriber, stop: CancellationToken) -> Result<(), ()> {
+        let shards = self.start_shards();
         self.readiness.set_subscribed(true);
         loop {
             tokio::select! {
                 biased;
                 () = stop.cancelled() => break,
                 message = subscriber.next() => match message {
-                    Some(message) => self.handle(message).await,
+                    Some(message) => self.dispatch(&shards, message),
                     None => {
                         self.readiness.set_subscribed(false);
                         tracing::error!("the NATS subscription ended");
+                        shards.finish().await;
                         return Err(());
                     }
                 },
@@ -78,15 +111,49 @@ impl Ingest {
         }
         let mut drained = 0;
         while drained < DRAIN_LIMIT {
-            match tokio::time::timeout(std::time::Duration::from_millis(50), subscriber.next())
-                .await
-            {
-                Ok(Some(message)) => self.handle(message).await,
+            match tokio::time::timeout(Duration::from_millis(50), subscriber.next()).await {
+                Ok(Some(message)) => self.dispatch(&shards, message),
                 _ => break,
             }
             drained += 1;
         }
+        shards.finish().await;
         Ok(())
+    }
+
+    fn start_shards(&self) -> Shards {
+        let (queues, tasks) = (0..SHARDS)
+            .map(|_| {
+                let (queue, messages) = mpsc::channel(self.shard_capacity);
+                (queue, tokio::spawn(self.clone().apply_shard(messages)))
+            })
+            .unzip();
+        Shards { queues, tasks }
+    }
+
+    /// Queues `message` for its thread's shard; a full queue drops it, which is a gap.
+    fn dispatch(&self, shards: &Shards, message: Message) {
+        let queue = &shards.queues[shard(&message.subject)];
+        if let Err(mpsc::error::TrySendError::Full(_)) = queue.try_send(message) {
+            self.coverage.gap(self.coverage.now());
+            self.metrics.event(EventOutcome::Dropped);
+            if self.dropped_log.allow() {
+                tracing::warn!(
+                    capacity = self.shard_capacity,
+                    "an ingest shard's queue is full: dropping a live event; every view is downgraded"
+                );
+            }
+        }
+    }
+
+    /// Applies the messages of one shard's queue until it is closed and empty.
+    async fn apply_shard(self, mut messages: mpsc::Receiver<Message>) {
+        let mut batch = Vec::with_capacity(SHARD_BATCH);
+        while messages.recv_many(&mut batch, SHARD_BATCH).await > 0 {
+            for message in batch.drain(..) {
+                self.handle(message).await;
+            }
+        }
     }
 
     /// One message: subject → delivery key → family filter and decode → its thread's view.
@@ -227,6 +294,29 @@ impl Ingest {
         tracing::info!(event = %event, views_downgraded = is_gap(event), "NATS connection event");
         matches!(event, Event::Connected)
     }
+}
+
+impl Shards {
+    /// Closes the queues and waits until the shards have applied what they hold.
+    async fn finish(self) {
+        drop(self.queues);
+        for task in self.tasks {
+            if let Err(error) = task.await {
+                tracing::error!(%error, "an ingest shard failed");
+            }
+        }
+    }
+}
+
+/// The shard of a subject: by its thread token (the fourth), so one thread's events stay in order. A subject
+/// without one goes to shard 0, which counts it as a bad subject.
+fn shard(subject: &str) -> usize {
+    let Some(thread) = subject.split('.').nth(3) else {
+        return 0;
+    };
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(thread, &mut hasher);
+    (std::hash::Hasher::finish(&hasher) % SHARDS as u64) as usize
 }
 
 /// The worker's own subscription for confirmation probes, on a subject nothing else uses (an inbox subject, so

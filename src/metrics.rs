@@ -22,16 +22,19 @@ pub enum EventOutcome {
     Malformed,
     /// The subject is not a 9-token display-event subject.
     BadSubject,
+    /// Its thread's ingest shard had no room: dropped unread (a gap that downgrades every view).
+    Dropped,
 }
 
 impl EventOutcome {
     /// Every outcome, in declaration order (the order of `Inner::events`).
-    const ALL: [EventOutcome; 5] = [
+    const ALL: [EventOutcome; 6] = [
         EventOutcome::Relevant,
         EventOutcome::Irrelevant,
         EventOutcome::Duplicate,
         EventOutcome::Malformed,
         EventOutcome::BadSubject,
+        EventOutcome::Dropped,
     ];
 
     fn label(self) -> &'static str {
@@ -41,6 +44,7 @@ impl EventOutcome {
             EventOutcome::Duplicate => "duplicate",
             EventOutcome::Malformed => "malformed",
             EventOutcome::BadSubject => "bad_subject",
+            EventOutcome::Dropped => "dropped",
         }
     }
 }
@@ -154,7 +158,7 @@ pub struct Metrics {
 struct Inner {
     registry: Registry,
     /// `history_view_events_total` resolved per outcome once, so counting an event is one atomic add.
-    events: [IntCounter; 5],
+    events: [IntCounter; EventOutcome::ALL.len()],
     cache_hits: IntCounter,
     cache_misses: IntCounter,
     hydrations: IntCounterVec,

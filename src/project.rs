@@ -163,12 +163,12 @@ pub fn project(events: &[ViewEvent], primary: Option<&Identity>) -> Projection {
 /// Projects a thread view: `ordered` holds valid, deduplicated events already in sort order, `rejected` the events
 /// that failed validation (they still count for visibility and are warned about when visible). Gives the same
 /// result as [`project`] over the same events.
-pub fn project_view(
-    ordered: &[ViewEvent],
-    rejected: &[ViewEvent],
+pub fn project_view<'a>(
+    ordered: impl Iterator<Item = &'a ViewEvent> + Clone,
+    rejected: &'a [ViewEvent],
     primary: Option<&Identity>,
 ) -> Projection {
-    let visible = visible_displays(ordered.iter().chain(rejected));
+    let visible = visible_displays(ordered.clone().chain(rejected));
     let warnings = rejected
         .iter()
         .filter(|e| visible.contains(e.key.display_id()))
@@ -179,9 +179,7 @@ pub fn project_view(
         })
         .collect();
     build(
-        ordered
-            .iter()
-            .filter(|e| visible.contains(e.key.display_id())),
+        ordered.filter(|e| visible.contains(e.key.display_id())),
         primary,
         warnings,
     )

@@ -5,7 +5,10 @@
 //! `UserAgent` HITL answer lands on it later, and its earlier events must then appear.
 
 use std::collections::HashSet;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::LazyLock;
+
+use hashbrown::HashTable;
 
 use crate::coverage::Epoch;
 use crate::decode::ViewEvent;
@@ -30,21 +33,37 @@ pub enum Inserted {
     Duplicate,
 }
 
-/// Fixed per-view overhead for the weigher (the struct, its vectors' and set's headers).
+/// Fixed per-view overhead for the weigher (the struct, its vectors' and tables' headers).
 const VIEW_OVERHEAD_BYTES: usize = 256;
-/// Per-event bookkeeping beyond the event itself: its slot in the key-hash set.
-const KEY_HASH_BYTES: usize = 16;
+/// Per-event bookkeeping beyond the event itself: its slot in the key index (with the table's spare capacity) and
+/// in the projection order.
+const BOOKKEEPING_BYTES: usize = 16;
+/// Marks a slot of [`ThreadView::index`] as a position in `rejected` rather than in `events`.
+const REJECTED: u32 = 1 << 31;
+
+/// The key hasher: keyed per process, so that colliding delivery keys cannot be prepared in advance.
+static KEY_HASHER: LazyLock<RandomState> = LazyLock::new(RandomState::new);
 
 /// One thread's events in compact form.
+///
+/// Every operation on the live path is amortised O(1) whatever the arrival order and however often a key repeats:
+/// events are stored in arrival order (positions never change), an exact hash index over the keys finds duplicates,
+/// and the projection order is a permutation of positions that is sorted lazily, when the view is projected (the
+/// part already sorted is one run, so an in-order thread costs O(n) and k late events O(n + k log k)).
 #[derive(Debug, Clone)]
 pub struct ThreadView {
-    /// Events that passed ordering validation, sorted by `(created_at, key)` (the projector's order), unique keys.
-    ordered: Vec<ViewEvent>,
+    /// Events that passed ordering validation, in arrival order, unique keys.
+    events: Vec<ViewEvent>,
+    /// Positions in `events` in projection order `(created_at, key)` up to `sorted`; those after it were appended
+    /// since the last projection and are sorted in by the next one.
+    order: Vec<u32>,
+    sorted: usize,
     /// Events that failed ordering validation: never projected, but they count for visibility and are warned
     /// about once visible. Unique keys.
     rejected: Vec<ViewEvent>,
-    /// Hashes of every key held: a miss proves an event is new without comparing keys.
-    key_hashes: HashSet<u64>,
+    /// Every key held, as its position in `events` (or in `rejected`, tagged with [`REJECTED`]): duplicate checks
+    /// compare keys exactly, in O(1).
+    index: HashTable<u32>,
     /// Approximate heap and inline bytes held, for the cache's byte budget.
     bytes: usize,
     /// The coverage epoch the view became complete at; `None` while partial. A later gap, or a removal in the
@@ -70,9 +89,11 @@ pub struct ThreadView {
 impl Default for ThreadView {
     fn default() -> Self {
         Self {
-            ordered: Vec::new(),
+            events: Vec::new(),
+            order: Vec::new(),
+            sorted: 0,
             rejected: Vec::new(),
-            key_hashes: HashSet::new(),
+            index: HashTable::new(),
             bytes: VIEW_OVERHEAD_BYTES,
             complete_at: None,
             covered: HashSet::new(),
@@ -85,9 +106,7 @@ impl Default for ThreadView {
 }
 
 fn key_hash(key: &DeliveryKey) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    key.hash(&mut hasher);
-    hasher.finish()
+    KEY_HASHER.hash_one(key)
 }
 
 /// The projection order of a validated event.
@@ -96,7 +115,16 @@ fn sort_key(event: &ViewEvent) -> (i64, &DeliveryKey) {
 }
 
 fn event_bytes(event: &ViewEvent) -> usize {
-    std::mem::size_of::<ViewEvent>() + event.heap_bytes() + KEY_HASH_BYTES
+    std::mem::size_of::<ViewEvent>() + event.heap_bytes() + BOOKKEEPING_BYTES
+}
+
+/// A position as stored in the index and the order. A view would need 2^31 events (hundreds of GiB) to overflow
+/// it, far beyond any cache budget.
+fn position(len: usize) -> u32 {
+    u32::try_from(len)
+        .ok()
+        .filter(|p| p & REJECTED == 0)
+        .expect("a view holds fewer than 2^31 events")
 }
 
 impl ThreadView {
@@ -149,7 +177,7 @@ impl ThreadView {
 
     /// Inserts every event of `other` (dedup makes overlap harmless).
     pub fn merge(&mut self, other: ThreadView) {
-        for event in other.ordered.into_iter().chain(other.rejected) {
+        for event in other.events.into_iter().chain(other.rejected) {
             self.insert(event);
         }
     }
@@ -168,45 +196,71 @@ impl ThreadView {
             self.fill_due |= self.complete_at.is_some();
         }
         let hash = key_hash(&event.key);
-        let maybe_held = self.key_hashes.contains(&hash);
-        match project::validate(&event) {
-            Ok(created_at) => {
-                // Live events mostly arrive in order: append without searching when the event sorts last.
-                let position = match self.ordered.last() {
-                    Some(last) if sort_key(last) >= (created_at, &event.key) => self
-                        .ordered
-                        .partition_point(|held| sort_key(held) < (created_at, &event.key)),
-                    _ => self.ordered.len(),
-                };
-                if maybe_held {
-                    let exact = self
-                        .ordered
-                        .get(position)
-                        .is_some_and(|held| held.key == event.key);
-                    // Same key with another created_at: a rare payload mismatch between deliveries; scan for it.
-                    if exact || self.ordered.iter().any(|held| held.key == event.key) {
-                        return Inserted::Duplicate;
-                    }
-                }
-                self.bytes += event_bytes(&event);
-                self.ordered.insert(position, event);
+        let valid = project::validate(&event).ok();
+        let (events, rejected) = (&self.events, &self.rejected);
+        let held = |slot: &u32| {
+            if slot & REJECTED == 0 {
+                valid.is_some() && events[*slot as usize].key == event.key
+            } else {
+                valid.is_none() && rejected[(slot & !REJECTED) as usize].key == event.key
             }
-            Err(_) => {
-                if maybe_held && self.rejected.iter().any(|held| held.key == event.key) {
-                    return Inserted::Duplicate;
-                }
-                self.bytes += event_bytes(&event);
-                self.rejected.push(event);
-            }
+        };
+        if self.index.find(hash, held).is_some() {
+            return Inserted::Duplicate;
         }
-        self.key_hashes.insert(hash);
+        self.bytes += event_bytes(&event);
+        let slot = match valid {
+            Some(created_at) => {
+                let at = position(self.events.len());
+                // Live events mostly arrive in order: the sorted run grows as long as nothing arrived late.
+                let in_order = self.sorted == self.order.len()
+                    && self.order.last().is_none_or(|&last| {
+                        sort_key(&self.events[last as usize]) < (created_at, &event.key)
+                    });
+                self.events.push(event);
+                self.order.push(at);
+                if in_order {
+                    self.sorted = self.order.len();
+                }
+                at
+            }
+            None => {
+                let at = position(self.rejected.len()) | REJECTED;
+                self.rejected.push(event);
+                at
+            }
+        };
+        let (events, rejected) = (&self.events, &self.rejected);
+        self.index.insert_unique(hash, slot, |slot| {
+            if slot & REJECTED == 0 {
+                key_hash(&events[*slot as usize].key)
+            } else {
+                key_hash(&rejected[(slot & !REJECTED) as usize].key)
+            }
+        });
         self.version += 1;
         Inserted::Added
     }
 
-    /// Projects the view for a read (pure; see [`project::project_view`]).
-    pub fn project(&self, primary: Option<&Identity>) -> Projection {
-        project::project_view(&self.ordered, &self.rejected, primary)
+    /// Projects the view for a read (see [`project::project_view`]), first sorting in the events that arrived out
+    /// of order since the last projection.
+    pub fn project(&mut self, primary: Option<&Identity>) -> Projection {
+        self.sort_order();
+        let events = &self.events;
+        let ordered = self.order.iter().map(|&at| &events[at as usize]);
+        project::project_view(ordered, &self.rejected, primary)
+    }
+
+    /// Sorts the projection order. The sorted part is one run, so the sort costs O(n + k log k) for k events
+    /// appended out of order (keys are unique, so no two events compare equal).
+    fn sort_order(&mut self) {
+        if self.sorted < self.order.len() {
+            let events = &self.events;
+            self.order.sort_by(|&a, &b| {
+                sort_key(&events[a as usize]).cmp(&sort_key(&events[b as usize]))
+            });
+        }
+        self.sorted = self.order.len();
     }
 
     /// The view's state when the thread's coverage epoch is `current`: complete only if it was completed at that
@@ -263,7 +317,7 @@ impl ThreadView {
 
     /// Number of distinct events held.
     pub fn len(&self) -> usize {
-        self.ordered.len() + self.rejected.len()
+        self.events.len() + self.rejected.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -300,6 +354,15 @@ mod tests {
         }
     }
 
+    /// The event ids of the valid events in projection order.
+    fn projection_order(view: &mut ThreadView) -> Vec<String> {
+        view.sort_order();
+        view.order
+            .iter()
+            .map(|&at| view.events[at as usize].key.event_id().to_owned())
+            .collect()
+    }
+
     #[test]
     fn events_are_kept_in_projection_order_and_duplicates_count_once() {
         let mut view = ThreadView::new();
@@ -311,8 +374,7 @@ mod tests {
             view.insert(chunk("a", json!(9), "other payload")),
             Inserted::Duplicate
         );
-        let ids: Vec<_> = view.ordered.iter().map(|e| e.key.event_id()).collect();
-        assert_eq!(ids, ["c", "a", "b"]);
+        assert_eq!(projection_order(&mut view), ["c", "a", "b"]);
         assert_eq!(view.len(), 3);
     }
 
@@ -325,7 +387,7 @@ mod tests {
             Inserted::Duplicate
         );
         assert_eq!(view.rejected.len(), 1);
-        assert!(view.ordered.is_empty());
+        assert!(view.events.is_empty());
     }
 
     #[test]
@@ -448,7 +510,37 @@ mod tests {
         for (id, at) in [("a", 1), ("c", 3), ("b", 2), ("d", 3), ("e", 0)] {
             view.insert(chunk(id, json!(at), id));
         }
-        let ids: Vec<_> = view.ordered.iter().map(|e| e.key.event_id()).collect();
-        assert_eq!(ids, ["e", "a", "b", "c", "d"]);
+        assert_eq!(projection_order(&mut view), ["e", "a", "b", "c", "d"]);
+    }
+
+    proptest::proptest! {
+        /// Whatever the arrival order, however often a key repeats (with the same or another `created_at`) and
+        /// wherever reads fall, the view holds the first delivery of each key, in projection order.
+        #[test]
+        fn any_arrival_order_gives_first_deliveries_in_projection_order(
+            deliveries in proptest::collection::vec((0u8..40, 0i64..20, proptest::bool::weighted(0.1)), 0..200)
+        ) {
+            let mut view = ThreadView::new();
+            let mut first: Vec<(i64, String)> = Vec::new();
+            for (id, at, read_now) in deliveries {
+                let id = format!("e{id}");
+                let expected = if first.iter().any(|(_, held)| *held == id) {
+                    Inserted::Duplicate
+                } else {
+                    first.push((at, id.clone()));
+                    Inserted::Added
+                };
+                proptest::prop_assert_eq!(view.insert(chunk(&id, json!(at), "x")), expected);
+                if read_now {
+                    let mut sorted = first.clone();
+                    sorted.sort();
+                    let ids: Vec<String> = sorted.into_iter().map(|(_, id)| id).collect();
+                    proptest::prop_assert_eq!(projection_order(&mut view), ids);
+                }
+            }
+            first.sort();
+            let ids: Vec<String> = first.into_iter().map(|(_, id)| id).collect();
+            proptest::prop_assert_eq!(projection_order(&mut view), ids);
+        }
     }
 }

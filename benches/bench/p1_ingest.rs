@@ -35,8 +35,9 @@ const STALL: Duration = Duration::from_secs(3);
 struct Ingested {
     received: u64,
     elapsed: Duration,
-    /// Slow-consumer events the side's NATS client reported (each one is a batch of dropped messages).
-    slow_consumer: u64,
+    /// Slow-consumer events the side's NATS client reported (each one is a batch of dropped messages), plus, for
+    /// the worker, messages its ingest shards dropped.
+    drops: u64,
 }
 
 impl Ingested {
@@ -68,9 +69,9 @@ impl Round {
         let dropped = |side: &Ingested| {
             if side.received < n as u64 {
                 format!(
-                    " ({} DROPPED, {} slow-consumer events)",
+                    " ({} DROPPED, {} drop events)",
                     n as u64 - side.received,
-                    side.slow_consumer
+                    side.drops
                 )
             } else {
                 String::new()
@@ -271,7 +272,7 @@ async fn bare_subscriber(setup: &Setup, messages: &Arc<[Message]>) -> Ingested {
     Ingested {
         received,
         elapsed: last.map_or(Duration::ZERO, |last| last - started),
-        slow_consumer: slow.load(Ordering::Relaxed),
+        drops: slow.load(Ordering::Relaxed),
     }
 }
 
@@ -310,7 +311,7 @@ async fn worker_ingest(
     let ingested = Ingested {
         received: scrape.events_received(),
         elapsed: finished - started,
-        slow_consumer: scrape.connection_events("slow_consumer"),
+        drops: scrape.drops(),
     };
     (ingested, published_in, cpu)
 }

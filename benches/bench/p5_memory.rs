@@ -79,7 +79,7 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
     let received = scrape.events_received();
     let weighted = scrape.sample("history_view_cache_weighted_bytes");
     let entries = scrape.sample("history_view_cache_entries");
-    let slow = scrape.connection_events("slow_consumer");
+    let drops = scrape.drops();
     let disconnects = scrape.connection_events("disconnected");
     let limit_kib = (BUDGET_MIB + 64) * 1024;
     vec![
@@ -104,7 +104,7 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
             "P5",
             "cache and intake at the end",
             format!(
-                "weighted {:.1} MiB, {} entries; received {received}/{n}{}; slow-consumer events {slow}, \
+                "weighted {:.1} MiB, {} entries; received {received}/{n}{}; drops {drops} (slow-consumer events and shard drops), \
                  disconnects {disconnects}; published in {}",
                 weighted / (1 << 20) as f64,
                 entries,

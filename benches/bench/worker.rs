@@ -232,6 +232,8 @@ pub async fn get(http: &reqwest::Client, url: &str) -> Reply {
     }
 }
 
+const DROPPED: &str = "history_view_events_total{outcome=\"dropped\"}";
+
 /// A Prometheus text scrape of the worker.
 pub struct Scrape(String);
 
@@ -246,9 +248,15 @@ impl Scrape {
         crate::scrape::metric(&self.0, sample)
     }
 
-    /// Messages the worker took from NATS (every outcome).
+    /// Messages the worker took from NATS and read (every outcome but `dropped`).
     pub fn events_received(&self) -> u64 {
-        self.sum("history_view_events_total") as u64
+        (self.sum("history_view_events_total") - self.sample(DROPPED)) as u64
+    }
+
+    /// Signs of lost messages: slow-consumer events of the NATS client (each a batch of messages) plus messages an
+    /// ingest shard dropped.
+    pub fn drops(&self) -> u64 {
+        crate::scrape::live_drops(&self.0) as u64
     }
 
     /// NATS connection events of one kind (`slow_consumer`, `disconnected`, ...).

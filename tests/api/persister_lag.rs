@@ -10,7 +10,10 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Api, chunk_row, metric, publish_rows, spawn_app_with, turns, user_row};
 use crate::proxy::Proxy;
-use crate::scene::{Scene, messages, now_ns, read_until_cache, wait_check, wait_metric};
+use crate::scene::{
+    Scene, messages, now_ns, read_until_cache, wait_check, wait_drops, wait_metric,
+};
+use crate::scrape::live_drops;
 
 /// Persists a first user turn of `thread` and reads it until the worker serves it from memory.
 async fn warm(scene: &Scene, api: &Api, thread: &str) {
@@ -93,7 +96,7 @@ async fn events_missed_while_the_link_to_nats_was_cut_appear_once_persisted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_dropped_by_a_slow_consumer_appear_once_persisted() {
+async fn events_dropped_by_a_slow_consumer_or_a_full_shard_appear_once_persisted() {
     let scene = Scene::new().await;
     let app = scene
         .worker(
@@ -113,19 +116,11 @@ async fn events_dropped_by_a_slow_consumer_appear_once_persisted() {
             .map(|i| chunk_row("t-flood", "d1", "A", &format!("f{attempt}-{i}"), i, "x"))
             .collect();
         flood.insert(2_000, event.clone());
-        let drops_before = metric(
-            &app.api.metrics().await,
-            "history_view_nats_connection_events_total{event=\"slow_consumer\"}",
-        );
+        let drops_before = live_drops(&app.api.metrics().await);
         app.pause();
         publish_rows(&scene.publisher, &flood).await;
         app.resume();
-        wait_metric(
-            &app.api,
-            "history_view_nats_connection_events_total{event=\"slow_consumer\"}",
-            drops_before + 1.0,
-        )
-        .await;
+        wait_drops(&app.api, drops_before + 1.0).await;
         expected.push_str(&text);
         let after = app.api.history(thread, "").await;
         let dropped = !after.body.contains(&text);

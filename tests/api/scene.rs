@@ -6,6 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 
 use crate::helpers::{Api, BinaryApp, Reply, TestStore, metric, unique};
+use crate::scrape::live_drops;
 use crate::servers::{MongoServer, NatsServer};
 
 /// Real servers, a database with aihub's indexes, and a publisher playing aihub's agents.
@@ -111,6 +112,19 @@ pub async fn wait_metric(api: &Api, name: &str, at_least: f64) {
             return;
         }
         assert!(Instant::now() < deadline, "{name} < {at_least}:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the worker has reported at least `at_least` signs of lost live events ([`live_drops`]).
+pub async fn wait_drops(api: &Api, at_least: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = api.metrics().await;
+        if live_drops(&metrics) >= at_least {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no drop reported:\n{metrics}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
