@@ -4,7 +4,7 @@
 #   make services-up      start NATS and SecantusDB on 127.0.0.1 (left running)
 #   make services-down    stop them
 #   make services-status  show whether they run
-#   make test             fmt, clippy, tests (with NATS_URL/MONGODB_URI), chart check
+#   make test             fmt, clippy, release build, tests (with NATS_URL/MONGODB_URI), chart check
 #   make run              the service against the local servers (or scripts/demo.sh)
 #   make bench            the performance targets (worker.md section 7): installs the servers, builds the
 #                         release binary, runs benches/bench.rs (it starts its own servers and workers)
@@ -48,6 +48,8 @@ test:
 	cargo fmt --check; \
 	echo "==> cargo clippy --all-targets -- -D warnings" >&2; \
 	cargo clippy --all-targets -- -D warnings; \
+	echo "==> cargo build --release --bin chat-history-view (scenarios that measure keeping up run it)" >&2; \
+	cargo build --release --bin chat-history-view; \
 	echo "==> cargo test --all-targets" >&2; \
 	cargo test --all-targets; \
 	if [ -x scripts/check-chart.sh ]; then \

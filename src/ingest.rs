@@ -8,10 +8,11 @@
 //! ([`Coverage::gap`]), as a slow-consumer drop in the NATS client is.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_nats::{Event, Message, Subscriber};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -30,8 +31,8 @@ const DRAIN_LIMIT: usize = 10_000;
 
 /// How many tasks apply live events, each to the threads whose id hashes to it.
 pub const SHARDS: usize = 4;
-/// Most messages a shard takes from its queue at once.
-const SHARD_BATCH: usize = 64;
+/// Most messages the subscription loop takes at once (those already received) before handing them to the shards.
+const DISPATCH_BATCH: usize = 256;
 
 /// How often the watcher checks whether a connected but unconfirmed subscription needs a probe, and how long a
 /// probe may stay unanswered before another is sent.
@@ -54,10 +55,17 @@ pub struct Ingest {
     dropped_log: Arc<RateLimit>,
 }
 
-/// The senders of the ingest shards' queues and the shards' tasks.
+/// The ingest shards: their queues and tasks.
 struct Shards {
-    queues: Vec<mpsc::Sender<Message>>,
+    queues: Vec<ShardQueue>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// A shard's queue of message batches, bounded in messages by [`Ingest::dispatch`].
+struct ShardQueue {
+    sender: mpsc::UnboundedSender<Vec<Message>>,
+    /// Messages queued and not yet applied.
+    held: Arc<AtomicUsize>,
 }
 
 impl Ingest {
@@ -90,33 +98,43 @@ impl Ingest {
         let shards = self.start_shards();
         self.readiness.set_subscribed(true);
         loop {
-            tokio::select! {
+            let first = tokio::select! {
                 biased;
                 () = stop.cancelled() => break,
-                message = subscriber.next() => match message {
-                    Some(message) => self.dispatch(&shards, message),
-                    None => {
-                        self.readiness.set_subscribed(false);
-                        tracing::error!("the NATS subscription ended");
-                        shards.finish().await;
-                        return Err(());
-                    }
-                },
+                message = subscriber.next() => message,
+            };
+            let Some(first) = first else {
+                self.readiness.set_subscribed(false);
+                tracing::error!("the NATS subscription ended");
+                shards.finish().await;
+                return Err(());
+            };
+            // Whatever else is ready goes with it, so a busy subscription costs one queue operation per shard and
+            // batch rather than per message.
+            let mut batch = Vec::with_capacity(DISPATCH_BATCH);
+            batch.push(first);
+            while batch.len() < DISPATCH_BATCH {
+                match subscriber.next().now_or_never() {
+                    Some(Some(message)) => batch.push(message),
+                    // Ended: noticed by the next `next()`.
+                    Some(None) | None => break,
+                }
             }
+            self.dispatch(&shards, batch);
         }
         self.readiness.set_subscribed(false);
         // Stop intake first, then apply what already arrived.
         if let Err(error) = subscriber.unsubscribe().await {
             tracing::debug!(%error, "unsubscribe on shutdown failed");
         }
-        let mut drained = 0;
-        while drained < DRAIN_LIMIT {
+        let mut drained = Vec::new();
+        while drained.len() < DRAIN_LIMIT {
             match tokio::time::timeout(Duration::from_millis(50), subscriber.next()).await {
-                Ok(Some(message)) => self.dispatch(&shards, message),
+                Ok(Some(message)) => drained.push(message),
                 _ => break,
             }
-            drained += 1;
         }
+        self.dispatch(&shards, drained);
         shards.finish().await;
         Ok(())
     }
@@ -124,35 +142,57 @@ impl Ingest {
     fn start_shards(&self) -> Shards {
         let (queues, tasks) = (0..SHARDS)
             .map(|_| {
-                let (queue, messages) = mpsc::channel(self.shard_capacity);
-                (queue, tokio::spawn(self.clone().apply_shard(messages)))
+                let (sender, batches) = mpsc::unbounded_channel();
+                let held = Arc::new(AtomicUsize::new(0));
+                let task = tokio::spawn(self.clone().apply_shard(batches, Arc::clone(&held)));
+                (ShardQueue { sender, held }, task)
             })
             .unzip();
         Shards { queues, tasks }
     }
 
-    /// Queues `message` for its thread's shard; a full queue drops it, which is a gap.
-    fn dispatch(&self, shards: &Shards, message: Message) {
-        let queue = &shards.queues[shard(&message.subject)];
-        if let Err(mpsc::error::TrySendError::Full(_)) = queue.try_send(message) {
+    /// Queues each message of `batch` for its thread's shard. Messages for a shard that would then hold more than
+    /// its capacity are dropped, which is a gap.
+    fn dispatch(&self, shards: &Shards, batch: Vec<Message>) {
+        let mut routed: [Vec<Message>; SHARDS] = Default::default();
+        for message in batch {
+            routed[shard(&message.subject)].push(message);
+        }
+        for (queue, messages) in shards.queues.iter().zip(routed) {
+            let n = messages.len();
+            if n == 0 {
+                continue;
+            }
+            if queue.held.fetch_add(n, Ordering::AcqRel) + n <= self.shard_capacity {
+                // The receiver lives until the queue is closed (`Shards::finish`).
+                let _ = queue.sender.send(messages);
+                continue;
+            }
+            queue.held.fetch_sub(n, Ordering::AcqRel);
             self.coverage.gap(self.coverage.now());
-            self.metrics.event(EventOutcome::Dropped);
+            self.metrics.events(EventOutcome::Dropped, n as u64);
             if self.dropped_log.allow() {
                 tracing::warn!(
                     capacity = self.shard_capacity,
-                    "an ingest shard's queue is full: dropping a live event; every view is downgraded"
+                    dropped = n,
+                    "an ingest shard's queue is full: dropping live events; every view is downgraded"
                 );
             }
         }
     }
 
-    /// Applies the messages of one shard's queue until it is closed and empty.
-    async fn apply_shard(self, mut messages: mpsc::Receiver<Message>) {
-        let mut batch = Vec::with_capacity(SHARD_BATCH);
-        while messages.recv_many(&mut batch, SHARD_BATCH).await > 0 {
-            for message in batch.drain(..) {
+    /// Applies the batches of one shard's queue until it is closed and empty.
+    async fn apply_shard(
+        self,
+        mut batches: mpsc::UnboundedReceiver<Vec<Message>>,
+        held: Arc<AtomicUsize>,
+    ) {
+        while let Some(messages) = batches.recv().await {
+            let n = messages.len();
+            for message in messages {
                 self.handle(message).await;
             }
+            held.fetch_sub(n, Ordering::AcqRel);
         }
     }
 
@@ -220,6 +260,7 @@ impl Ingest {
         } = probe;
         let mut outstanding: Option<SentProbe> = None;
         let mut sequence = 0u64;
+        let mut skipped = 0u64;
         let mut tick = tokio::time::interval(PROBE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -246,6 +287,7 @@ impl Ingest {
                     false
                 }
                 _ = tick.tick() => {
+                    skipped = self.count_skipped(&client, skipped);
                     !self.coverage.is_live()
                         && client.connection_state() == async_nats::connection::State::Connected
                         && outstanding.is_none_or(|sent| sent.at.elapsed() >= PROBE_TIMEOUT)
@@ -267,6 +309,27 @@ impl Ingest {
                 }
             }
         }
+    }
+
+    /// Counts as bad subjects the messages the NATS client skipped since `before` (of all it skipped) because
+    /// their subject is not UTF-8 (the patched async-nats skips them instead of failing the connection; see
+    /// `vendor/async-nats/PATCH.md`). Returns the new total.
+    fn count_skipped(&self, client: &async_nats::Client, before: u64) -> u64 {
+        let total = client
+            .statistics()
+            .skipped_non_utf8_messages
+            .load(Ordering::Relaxed);
+        if total > before {
+            self.metrics
+                .events(EventOutcome::BadSubject, total - before);
+            if self.bad_subject_log.allow() {
+                tracing::warn!(
+                    messages = total - before,
+                    "dropping messages whose subject is not UTF-8"
+                );
+            }
+        }
+        total
     }
 
     /// Logs, counts and reflects one connection event; returns whether a confirmation probe is due.

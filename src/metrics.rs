@@ -367,6 +367,9 @@ impl Metrics {
     pub fn event(&self, outcome: EventOutcome) {
         self.inner.events[outcome as usize].inc();
     }
+    pub fn events(&self, outcome: EventOutcome, n: u64) {
+        self.inner.events[outcome as usize].inc_by(n);
+    }
     pub fn cache_hit(&self) {
         self.inner.cache_hits.inc();
     }

@@ -2,6 +2,7 @@
 //! Mongo-wire servers and its own database; `BinaryApp` runs the compiled binary as a separate process. Both come
 //! with typed helpers for the store, NATS and HTTP.
 
+use std::path::{Path, PathBuf};
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
@@ -340,10 +341,16 @@ pub struct BinaryApp {
 }
 
 impl BinaryApp {
-    /// Starts `chat-history-view` with `env` and waits until it logs its address and answers `/healthz`.
+    /// Starts `chat-history-view` (the test build) with `env` and waits until it logs its address and answers
+    /// `/healthz`.
     pub async fn start(env: &[(&str, String)]) -> Self {
+        Self::start_binary(Path::new(env!("CARGO_BIN_EXE_chat-history-view")), env).await
+    }
+
+    /// [`BinaryApp::start`] for the binary at `binary`.
+    pub async fn start_binary(binary: &Path, env: &[(&str, String)]) -> Self {
         use std::io::BufRead;
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_chat-history-view"));
+        let mut command = std::process::Command::new(binary);
         command
             .env("HISTORY_VIEW_LISTEN", "127.0.0.1:0")
             .env("HISTORY_VIEW_LOG_FORMAT", "json")
@@ -386,6 +393,17 @@ impl BinaryApp {
         assert_eq!(reply.status, 200);
         app
     }
+}
+
+/// The release build of the worker, for the scenarios that measure how it keeps up (`make test` builds it first).
+pub fn release_binary() -> PathBuf {
+    let binary = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/chat-history-view");
+    assert!(
+        binary.exists(),
+        "{} is missing: run `cargo build --release` first (`make test` does)",
+        binary.display()
+    );
+    binary
 }
 
 impl BinaryApp {

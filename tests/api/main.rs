@@ -32,6 +32,10 @@ mod persister_lag;
 mod turns;
 // Fills of newly visible displays: the read pattern from memory, a fill racing a read, failing, or racing a gap.
 mod fills;
+// One hot thread in reverse order against probes on another (shared with the benchmark's P8).
+mod hot_thread;
+// Hostile publishers: subjects that are not UTF-8, a hot thread in reverse order.
+mod hostile;
 // Graceful shutdown.
 mod shutdown;
 // Metrics and readiness.

@@ -1,6 +1,7 @@
 //! `Scene`: what a scenario through the built binary needs: real servers, a database with aihub's indexes, a
 //! publisher playing aihub's agents, workers started on demand, and the waits and reads the scenarios share.
 
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
@@ -37,13 +38,28 @@ impl Scene {
 
     /// The binary with its default persister-lag bound, reaching NATS at `nats_url`; ready.
     pub async fn worker(&self, nats_url: String, env: &[(&str, &str)]) -> BinaryApp {
+        self.worker_binary(
+            Path::new(env!("CARGO_BIN_EXE_chat-history-view")),
+            nats_url,
+            env,
+        )
+        .await
+    }
+
+    /// [`Scene::worker`] for the binary at `binary`.
+    pub async fn worker_binary(
+        &self,
+        binary: &Path,
+        nats_url: String,
+        env: &[(&str, &str)],
+    ) -> BinaryApp {
         let mut settings = vec![
             ("HISTORY_VIEW_NATS_URL", nats_url),
             ("HISTORY_VIEW_MONGODB_URI", self.mongo.uri()),
             ("HISTORY_VIEW_MONGODB_DATABASE", self.database.clone()),
         ];
         settings.extend(env.iter().map(|(k, v)| (*k, (*v).to_owned())));
-        let app = BinaryApp::start(&settings).await;
+        let app = BinaryApp::start_binary(binary, &settings).await;
         app.wait_ready().await;
         app
     }
