@@ -34,12 +34,17 @@ mod p5_memory;
 mod p6_freshness;
 #[path = "bench/p7_multi_turn.rs"]
 mod p7_multi_turn;
+#[path = "bench/p8_hot_thread.rs"]
+mod p8_hot_thread;
 #[path = "bench/report.rs"]
 mod report;
 #[path = "../tests/api/scrape.rs"]
 mod scrape;
 #[path = "bench/setup.rs"]
 mod setup;
+// One hot thread against probes on another, shared with the tests.
+#[path = "../tests/api/hot_thread.rs"]
+mod hot_thread;
 // aihub's multi-turn conversations, shared with the tests.
 #[path = "../tests/api/turns.rs"]
 mod turns;
@@ -84,6 +89,7 @@ async fn run_all(setup: Arc<Setup>) -> Vec<Row> {
     rows.extend(measure(&setup, "P5", p5_memory::run).await);
     rows.extend(measure(&setup, "P6", p6_freshness::run).await);
     rows.extend(measure(&setup, "P7", p7_multi_turn::run).await);
+    rows.extend(measure(&setup, "P8", p8_hot_thread::run).await);
     rows
 }
 

@@ -4,8 +4,9 @@
 //!
 //! Sharding by thread keeps one thread's cost (a flood of events, a long read holding its view) from delaying
 //! other threads' events beyond its shard: the subscription loop only reads the thread token and queues the
-//! message, so it never waits for a view. A shard whose queue is full drops the event, which is a gap
-//! ([`Coverage::gap`]), as a slow-consumer drop in the NATS client is.
+//! message, so it never waits for a view. The shards' queues hold at most the subscription capacity together (one
+//! busy shard may use all of it); an event beyond it is dropped, which is a gap ([`Coverage::gap`]), as a
+//! slow-consumer drop in the NATS client is.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -46,8 +47,8 @@ pub struct Ingest {
     metrics: Metrics,
     readiness: Readiness,
     coverage: Coverage,
-    /// Messages each shard's queue holds before it drops one.
-    shard_capacity: usize,
+    /// Messages the shards' queues hold together before they drop one.
+    queued_limit: usize,
     /// Log rate limits for messages that are not display-event subjects, payloads that are not JSON, and events
     /// dropped by a full shard queue.
     bad_subject_log: Arc<RateLimit>,
@@ -55,21 +56,17 @@ pub struct Ingest {
     dropped_log: Arc<RateLimit>,
 }
 
-/// The ingest shards: their queues and tasks.
+/// The ingest shards: their queues and tasks, and the messages queued over all of them.
 struct Shards {
-    queues: Vec<ShardQueue>,
+    queues: Vec<mpsc::UnboundedSender<Vec<Message>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-/// A shard's queue of message batches, bounded in messages by [`Ingest::dispatch`].
-struct ShardQueue {
-    sender: mpsc::UnboundedSender<Vec<Message>>,
-    /// Messages queued and not yet applied.
+    /// Messages queued and not yet applied, over every shard (bounded by [`Ingest::dispatch`]): one busy shard may
+    /// use all of it, as the subscription's own buffer could before sharding.
     held: Arc<AtomicUsize>,
 }
 
 impl Ingest {
-    /// `buffered` messages may wait for the views, split evenly over the [`SHARDS`] queues.
+    /// `buffered` messages may wait for the views in the shards' queues, together.
     pub fn new(
         views: Views,
         metrics: Metrics,
@@ -82,7 +79,7 @@ impl Ingest {
             metrics,
             readiness,
             coverage,
-            shard_capacity: buffered.div_ceil(SHARDS).max(1),
+            queued_limit: buffered.max(1),
             bad_subject_log: Arc::default(),
             malformed_log: Arc::default(),
             dropped_log: Arc::default(),
@@ -140,19 +137,23 @@ impl Ingest {
     }
 
     fn start_shards(&self) -> Shards {
+        let held = Arc::new(AtomicUsize::new(0));
         let (queues, tasks) = (0..SHARDS)
             .map(|_| {
-                let (sender, batches) = mpsc::unbounded_channel();
-                let held = Arc::new(AtomicUsize::new(0));
+                let (queue, batches) = mpsc::unbounded_channel();
                 let task = tokio::spawn(self.clone().apply_shard(batches, Arc::clone(&held)));
-                (ShardQueue { sender, held }, task)
+                (queue, task)
             })
             .unzip();
-        Shards { queues, tasks }
+        Shards {
+            queues,
+            tasks,
+            held,
+        }
     }
 
-    /// Queues each message of `batch` for its thread's shard. Messages for a shard that would then hold more than
-    /// its capacity are dropped, which is a gap.
+    /// Queues each message of `batch` for its thread's shard. Messages that would take the shards beyond
+    /// [`Ingest::queued_limit`] are dropped, which is a gap.
     fn dispatch(&self, shards: &Shards, batch: Vec<Message>) {
         let mut routed: [Vec<Message>; SHARDS] = Default::default();
         for message in batch {
@@ -163,19 +164,19 @@ impl Ingest {
             if n == 0 {
                 continue;
             }
-            if queue.held.fetch_add(n, Ordering::AcqRel) + n <= self.shard_capacity {
+            if shards.held.fetch_add(n, Ordering::AcqRel) + n <= self.queued_limit {
                 // The receiver lives until the queue is closed (`Shards::finish`).
-                let _ = queue.sender.send(messages);
+                let _ = queue.send(messages);
                 continue;
             }
-            queue.held.fetch_sub(n, Ordering::AcqRel);
+            shards.held.fetch_sub(n, Ordering::AcqRel);
             self.coverage.gap(self.coverage.now());
             self.metrics.events(EventOutcome::Dropped, n as u64);
             if self.dropped_log.allow() {
                 tracing::warn!(
-                    capacity = self.shard_capacity,
+                    limit = self.queued_limit,
                     dropped = n,
-                    "an ingest shard's queue is full: dropping live events; every view is downgraded"
+                    "the ingest queues are full: dropping live events; every view is downgraded"
                 );
             }
         }
