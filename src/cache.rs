@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coverage::{self, Coverage, Stamp, Verdict};
 use crate::decode::ViewEvent;
-use crate::metrics::{FillOutcome, Hydration, Metrics, RereadResult, Source};
+use crate::metrics::{EventOutcome, FillOutcome, Hydration, Metrics, RereadResult, Source};
 use crate::project::{HistoryMessage, Identity, Projection};
 use crate::store::{Store, StoreError};
 use crate::view::{Inserted, ThreadView, ViewState};
@@ -97,7 +97,16 @@ struct Entry {
     floor: Stamp,
     /// Where the entry records its removal when it is dropped.
     coverage: Coverage,
+    /// The view. Lock it through [`Entry::view`], which applies the waiting events first.
     view: Mutex<ThreadView>,
+    /// Live events that arrived while the view was locked (a read rendering it, a hydration merging): the live
+    /// path never waits for a view. Whoever holds the view applies them before using it and again before letting
+    /// go of it, and a holder that lets go re-checks them, so none is left behind ([`Entry::view`]).
+    waiting: Mutex<Vec<ViewEvent>>,
+    /// The view's bytes, updated by every holder as it lets go: weighing an entry never waits for its view.
+    view_bytes: AtomicUsize,
+    /// The bytes of the last rendered answer.
+    rendered_bytes: AtomicUsize,
     /// Held while hydrating or filling, so concurrent readers of a partial view share one store query, and a read
     /// that arrives during a fill waits for it.
     hydration: Arc<tokio::sync::Mutex<()>>,
@@ -117,6 +126,64 @@ struct Entry {
     rendered: Mutex<Option<(u64, Option<Identity>, Answer)>>,
     /// Warnings already logged for this view, so a malformed event is warned about once, not on every read.
     warned: Mutex<HashSet<u64>>,
+}
+
+/// A locked view ([`Entry::view`]). Letting go of it applies the events that waited meanwhile, records the view's
+/// bytes, and re-checks for events that arrived in between (taking the view again if it is free).
+struct ViewGuard<'a> {
+    entry: &'a Entry,
+    metrics: &'a Metrics,
+    /// `None` only while dropping.
+    view: Option<MutexGuard<'a, ThreadView>>,
+}
+
+impl ViewGuard<'_> {
+    /// Inserts the waiting events, in arrival order, counting each as the live path would have.
+    fn apply_waiting(&mut self) {
+        let waiting = std::mem::take(&mut *lock(&self.entry.waiting));
+        for event in waiting {
+            let outcome = match self.insert(event) {
+                Inserted::Added => EventOutcome::Relevant,
+                Inserted::Duplicate => EventOutcome::Duplicate,
+            };
+            self.metrics.event(outcome);
+        }
+    }
+}
+
+impl std::ops::Deref for ViewGuard<'_> {
+    type Target = ThreadView;
+    fn deref(&self) -> &ThreadView {
+        self.view.as_deref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for ViewGuard<'_> {
+    fn deref_mut(&mut self) -> &mut ThreadView {
+        self.view.as_deref_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for ViewGuard<'_> {
+    fn drop(&mut self) {
+        loop {
+            self.apply_waiting();
+            self.entry.view_bytes.store(self.bytes(), Ordering::Relaxed);
+            drop(self.view.take());
+            // An event pushed after the last check, while this guard still held the view, waits for a holder:
+            // be that holder if the view is free (if it is not, its holder checks as it lets go).
+            if lock(&self.entry.waiting).is_empty() {
+                return;
+            }
+            match self.entry.view.try_lock() {
+                Ok(view) => self.view = Some(view),
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                    self.view = Some(poisoned.into_inner());
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        }
+    }
 }
 
 /// The response body's shape.
@@ -148,6 +215,9 @@ impl Entry {
             floor: coverage.entry_created(bucket, coverage.now()),
             coverage: coverage.clone(),
             view: Mutex::new(ThreadView::new()),
+            waiting: Mutex::new(Vec::new()),
+            view_bytes: AtomicUsize::new(0),
+            rendered_bytes: AtomicUsize::new(0),
             hydration: Arc::new(tokio::sync::Mutex::new(())),
             failed_hydrations: AtomicU64::new(0),
             hydrations: AtomicU64::new(0),
@@ -159,13 +229,51 @@ impl Entry {
         }
     }
 
-    /// Bytes held: the view and its last rendered answer.
+    /// Bytes held: the view and its last rendered answer (as of their last change).
     fn held_bytes(&self) -> usize {
-        let view = lock(&self.view).bytes();
-        let rendered = lock(&self.rendered).as_ref().map_or(0, |(_, _, answer)| {
-            answer.body.len() + answer.etag.len() + 64
-        });
-        view + rendered
+        self.view_bytes.load(Ordering::Relaxed) + self.rendered_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Locks the view, waiting for another holder, with the waiting live events applied.
+    fn view<'a>(&'a self, metrics: &'a Metrics) -> ViewGuard<'a> {
+        let mut guard = ViewGuard {
+            entry: self,
+            metrics,
+            view: Some(lock(&self.view)),
+        };
+        guard.apply_waiting();
+        guard
+    }
+
+    /// Applies a live event if the view is free; otherwise leaves it waiting for the view's holder, which applies
+    /// it (and counts it) before letting go. Returns what the insert did, or `None` if the event waits.
+    fn apply_live(&self, event: ViewEvent, metrics: &Metrics) -> Option<(Inserted, bool)> {
+        let view = match self.view.try_lock() {
+            Ok(view) => view,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                lock(&self.waiting).push(event);
+                // The holder may have checked the waiting events just before this push and be letting go now:
+                // take the view if it is free, so the event does not wait for the next holder.
+                if let Ok(view) = self.view.try_lock() {
+                    drop(ViewGuard {
+                        entry: self,
+                        metrics,
+                        view: Some(view),
+                    });
+                }
+                return None;
+            }
+        };
+        let mut guard = ViewGuard {
+            entry: self,
+            metrics,
+            view: Some(view),
+        };
+        guard.apply_waiting();
+        let inserted = guard.insert(event);
+        let fill_due = guard.take_fill_due();
+        Some((inserted, fill_due))
     }
 
     /// The weight to charge now: the bytes held plus a quarter of headroom, so that a growing view is re-weighed
@@ -203,6 +311,10 @@ impl Entry {
         let projection = view.project(primary);
         metrics.malformed_warnings(self.log_new_warnings(&projection));
         let answer = answer(&self.thread_id, &projection, source);
+        self.rendered_bytes.store(
+            answer.body.len() + answer.etag.len() + 64,
+            Ordering::Relaxed,
+        );
         *rendered = Some((view.version(), primary.cloned(), answer.clone()));
         answer
     }
@@ -279,20 +391,19 @@ impl Views {
     /// Applies one live event to its thread's view, creating a partial view for a thread not held. An event
     /// applied to an entry the cache let go of meanwhile is not lost for reads: that entry records its removal when
     /// it is dropped, after the event, so the thread's next entry is complete only once the store has it.
-    pub async fn apply(&self, event: ViewEvent) -> Inserted {
+    ///
+    /// Returns what the insert did, or `None` when the view was locked (a read rendering it, a hydration merging)
+    /// and the event waits beside it: its holder applies and counts it (see [`Entry::view`]).
+    pub async fn apply(&self, event: ViewEvent) -> Option<Inserted> {
         let entry = self.entry(event.key.thread_id()).await;
-        let (inserted, fill_due) = {
-            let mut view = lock(&entry.view);
-            let inserted = view.insert(event);
-            (inserted, view.take_fill_due())
-        };
+        let (inserted, fill_due) = entry.apply_live(event, &self.metrics)?;
         if fill_due {
             self.schedule_fill(&entry);
         }
         if entry.outgrew_charge() {
             self.reweigh(&entry).await;
         }
-        inserted
+        Some(inserted)
     }
 
     /// Answers a history read, from memory when the view is complete, otherwise by hydrating it from the store.
@@ -326,7 +437,7 @@ impl Views {
         }
         // Answer from what was read even when the view stays partial (the next read hydrates again).
         let answer = {
-            let mut view = lock(&entry.view);
+            let mut view = entry.view(&self.metrics);
             entry.render(&mut view, primary, Source::Store, &self.metrics)
         };
         if !shared {
@@ -365,7 +476,7 @@ impl Views {
         self.coverage.store_answered(self.coverage.now());
         let verdict = self.coverage.verdict(&start);
         let (deferred, fill) = {
-            let mut view = lock(&entry.view);
+            let mut view = entry.view(&self.metrics);
             let live = std::mem::take(&mut *view);
             *view = ThreadView::hydrated(rows.events, rows.displays, live);
             match verdict {
@@ -425,7 +536,9 @@ impl Views {
 
     /// The entry's view state as of its thread's current coverage epoch.
     fn state(&self, entry: &Entry) -> ViewState {
-        lock(&entry.view).state(self.coverage.epoch(entry.bucket))
+        entry
+            .view(&self.metrics)
+            .state(self.coverage.epoch(entry.bucket))
     }
 
     fn complete_answer(
@@ -434,7 +547,7 @@ impl Views {
         primary: Option<&Identity>,
         source: Source,
     ) -> Option<Answer> {
-        let mut view = lock(&entry.view);
+        let mut view = entry.view(&self.metrics);
         if view.state(self.coverage.epoch(entry.bucket)) == ViewState::Complete {
             return Some(entry.render(&mut view, primary, source, &self.metrics));
         }
@@ -522,7 +635,7 @@ impl Views {
             entry.fill_scheduled.store(false, Ordering::Release);
             let epoch = self.coverage.epoch(entry.bucket);
             let displays = {
-                let view = lock(&entry.view);
+                let view = entry.view(&self.metrics);
                 if !view.needs_fill(epoch) {
                     continue;
                 }
@@ -559,7 +672,7 @@ impl Views {
                 }
                 for ((request, displays), events) in work.into_iter().zip(per_view) {
                     let entry = &request.entry;
-                    lock(&entry.view).fill(&displays, events);
+                    entry.view(&self.metrics).fill(&displays, events);
                     let outcome = match self.state(entry) {
                         ViewState::Complete => FillOutcome::Complete,
                         ViewState::Partial => FillOutcome::Partial,
@@ -574,7 +687,7 @@ impl Views {
                 }
                 tracing::warn!(views = work.len(), %error, "filling newly visible displays failed; their next reads hydrate");
                 for (request, _) in work {
-                    lock(&request.entry.view).downgrade();
+                    request.entry.view(&self.metrics).downgrade();
                     // Readers that waited for the fill fail with it rather than queue another store timeout.
                     request
                         .entry
@@ -613,5 +726,91 @@ impl Views {
                 std::future::ready(op)
             })
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::decode_payload;
+    use crate::subject::DeliveryKey;
+
+    fn chunk(event_id: &str, created_at: i64) -> ViewEvent {
+        let key = DeliveryKey::parse_subject(&format!(
+            "agent.A.a.t.d.r.display_event.ChunkEvent.{event_id}"
+        ))
+        .unwrap();
+        let payload = format!(
+            r#"{{"_parent_event_names": ["ChunkEvent"], "created_at": {created_at}, "content": "c"}}"#
+        );
+        match decode_payload(key, payload.as_bytes()).unwrap() {
+            crate::decode::Decoded::Event(event) => event,
+            crate::decode::Decoded::Irrelevant => unreachable!(),
+        }
+    }
+
+    /// Events the holders counted as relevant.
+    fn relevant(metrics: &Metrics) -> f64 {
+        let sample = "history_view_events_total{outcome=\"relevant\"} ";
+        metrics
+            .render()
+            .lines()
+            .find_map(|line| line.strip_prefix(sample)?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    #[test]
+    fn a_live_event_waits_beside_a_locked_view_and_its_holder_applies_it_in_order() {
+        let metrics = Metrics::new();
+        let entry = Entry::new("t", &Coverage::new(Duration::ZERO));
+        let held = entry.view(&metrics);
+        // The live path does not wait for the holder.
+        assert!(entry.apply_live(chunk("a", 2), &metrics).is_none());
+        assert!(entry.apply_live(chunk("a", 1), &metrics).is_none());
+        assert!(entry.apply_live(chunk("b", 3), &metrics).is_none());
+        assert_eq!(held.len(), 0);
+        drop(held);
+        // Applied as the holder let go, in arrival order (the first delivery of `a` wins), and counted.
+        assert!(lock(&entry.waiting).is_empty());
+        let view = entry.view(&metrics);
+        assert_eq!(view.len(), 2);
+        assert_eq!(relevant(&metrics), 2.0);
+        assert_eq!(entry.view_bytes.load(Ordering::Relaxed), view.bytes());
+        drop(view);
+        assert_eq!(
+            entry.apply_live(chunk("c", 4), &metrics).map(|(i, _)| i),
+            Some(Inserted::Added)
+        );
+    }
+
+    #[test]
+    fn an_event_pushed_while_the_holder_lets_go_is_not_left_behind() {
+        // Many rounds of a holder letting go while another thread pushes: every event ends up in the view.
+        let metrics = Metrics::new();
+        let entry = Arc::new(Entry::new("t", &Coverage::new(Duration::ZERO)));
+        let rounds = 2_000;
+        let mut applied_live = 0u32;
+        std::thread::scope(|scope| {
+            let reader = Arc::clone(&entry);
+            let metrics_reader = metrics.clone();
+            scope.spawn(move || {
+                for _ in 0..rounds {
+                    let view = reader.view(&metrics_reader);
+                    std::hint::black_box(view.len());
+                }
+            });
+            for i in 0..rounds {
+                if entry
+                    .apply_live(chunk(&format!("e{i}"), i), &metrics)
+                    .is_some()
+                {
+                    applied_live += 1;
+                }
+            }
+        });
+        assert!(lock(&entry.waiting).is_empty());
+        assert_eq!(entry.view(&metrics).len(), rounds as usize);
+        // Each event counted once: by the live path, or by the holder that applied it.
+        assert_eq!(relevant(&metrics) + f64::from(applied_live), rounds as f64);
     }
 }

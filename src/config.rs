@@ -31,9 +31,8 @@ pub struct Config {
     #[arg(long, env = "HISTORY_VIEW_SUBJECT", default_value = DEFAULT_SUBJECT, value_parser = parse_subject)]
     pub subject: String,
 
-    /// Messages the NATS subscription buffers before the client drops them as a slow consumer, and again messages
-    /// the ingest shards queue together before they drop them; either drop downgrades every view (env
-    /// HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY; default 65536).
+    /// Messages the NATS subscription buffers before the client drops them as a slow consumer (which downgrades
+    /// every view) (env HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY; default 65536).
     #[arg(long, env = "HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY", default_value = "65536", value_parser = parse_capacity)]
     pub nats_subscription_capacity: usize,
 

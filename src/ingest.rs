@@ -1,19 +1,16 @@
-//! The live path: the NATS subscription loop, which hands each message to its thread's ingest shard, the shards
-//! (subject → decode → view), and the connection watcher, which confirms the subscription by a round trip and
-//! turns possible gaps into coverage changes ([`Coverage`]).
+//! The live path: the NATS subscription loop (subject → decode → view) and the connection watcher, which confirms
+//! the subscription by a round trip and turns possible gaps into coverage changes ([`Coverage`]).
 //!
-//! Sharding by thread keeps one thread's cost (a flood of events, a long read holding its view) from delaying
-//! other threads' events beyond its shard: the subscription loop only reads the thread token and queues the
-//! message, so it never waits for a view. The shards' queues hold at most the subscription capacity together (one
-//! busy shard may use all of it); an event beyond it is dropped, which is a gap ([`Coverage::gap`]), as a
-//! slow-consumer drop in the NATS client is.
+//! One loop applies every event, so no thread's cost may grow with the thread: inserting into a view is amortised
+//! O(1) whatever the order and repetition of its events ([`crate::view`]), and an event for a view that a read is
+//! rendering waits beside the view instead of blocking the loop ([`Views::apply`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::{Event, Message, Subscriber};
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -30,11 +27,6 @@ use crate::view::Inserted;
 /// (the views are dropped with the process anyway).
 const DRAIN_LIMIT: usize = 10_000;
 
-/// How many tasks apply live events, each to the threads whose id hashes to it.
-pub const SHARDS: usize = 4;
-/// Most messages the subscription loop takes at once (those already received) before handing them to the shards.
-const DISPATCH_BATCH: usize = 256;
-
 /// How often the watcher checks whether a connected but unconfirmed subscription needs a probe, and how long a
 /// probe may stay unanswered before another is sent.
 const PROBE_INTERVAL: Duration = Duration::from_millis(250);
@@ -47,173 +39,80 @@ pub struct Ingest {
     metrics: Metrics,
     readiness: Readiness,
     coverage: Coverage,
-    /// Messages the shards' queues hold together before they drop one.
-    queued_limit: usize,
-    /// Log rate limits for messages that are not display-event subjects, payloads that are not JSON, and events
-    /// dropped by a full shard queue.
+    /// Log rate limits for messages that are not display-event subjects and payloads that are not JSON.
     bad_subject_log: Arc<RateLimit>,
     malformed_log: Arc<RateLimit>,
-    dropped_log: Arc<RateLimit>,
-}
-
-/// The ingest shards: their queues and tasks, and the messages queued over all of them.
-struct Shards {
-    queues: Vec<mpsc::UnboundedSender<Vec<Message>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// Messages queued and not yet applied, over every shard (bounded by [`Ingest::dispatch`]): one busy shard may
-    /// use all of it, as the subscription's own buffer could before sharding.
-    held: Arc<AtomicUsize>,
 }
 
 impl Ingest {
-    /// `buffered` messages may wait for the views in the shards' queues, together.
-    pub fn new(
-        views: Views,
-        metrics: Metrics,
-        readiness: Readiness,
-        coverage: Coverage,
-        buffered: usize,
-    ) -> Self {
+    pub fn new(views: Views, metrics: Metrics, readiness: Readiness, coverage: Coverage) -> Self {
         Self {
             views,
             metrics,
             readiness,
             coverage,
-            queued_limit: buffered.max(1),
             bad_subject_log: Arc::default(),
             malformed_log: Arc::default(),
-            dropped_log: Arc::default(),
         }
     }
 
-    /// Consumes `subscriber` until `stop` is cancelled or the subscription ends, handing each message to its
-    /// thread's shard. After a stop, unsubscribes, hands over what was already buffered (bounded by
-    /// [`DRAIN_LIMIT`]) and waits for the shards to apply it.
+    /// Consumes `subscriber` until `stop` is cancelled or the subscription ends. After a stop, unsubscribes and
+    /// applies what was already buffered (bounded by [`DRAIN_LIMIT`]).
     ///
     /// Returns normally only on a stop request; `Err(())` when the subscription ended by itself.
     pub async fn run(self, mut subscriber: Subscriber, stop: CancellationToken) -> Result<(), ()> {
-        let shards = self.start_shards();
         self.readiness.set_subscribed(true);
         loop {
-            let first = tokio::select! {
+            tokio::select! {
                 biased;
                 () = stop.cancelled() => break,
-                message = subscriber.next() => message,
-            };
-            let Some(first) = first else {
-                self.readiness.set_subscribed(false);
-                tracing::error!("the NATS subscription ended");
-                shards.finish().await;
-                return Err(());
-            };
-            // Whatever else is ready goes with it, so a busy subscription costs one queue operation per shard and
-            // batch rather than per message.
-            let mut batch = Vec::with_capacity(DISPATCH_BATCH);
-            batch.push(first);
-            while batch.len() < DISPATCH_BATCH {
-                match subscriber.next().now_or_never() {
-                    Some(Some(message)) => batch.push(message),
-                    // Ended: noticed by the next `next()`.
-                    Some(None) | None => break,
-                }
+                message = subscriber.next() => match message {
+                    Some(message) => self.handle(message).await,
+                    None => {
+                        self.readiness.set_subscribed(false);
+                        tracing::error!("the NATS subscription ended");
+                        return Err(());
+                    }
+                },
             }
-            self.dispatch(&shards, batch);
         }
         self.readiness.set_subscribed(false);
         // Stop intake first, then apply what already arrived.
         if let Err(error) = subscriber.unsubscribe().await {
             tracing::debug!(%error, "unsubscribe on shutdown failed");
         }
-        let mut drained = Vec::new();
-        while drained.len() < DRAIN_LIMIT {
-            match tokio::time::timeout(Duration::from_millis(50), subscriber.next()).await {
-                Ok(Some(message)) => drained.push(message),
+        let mut drained = 0;
+        while drained < DRAIN_LIMIT {
+            match tokio::time::timeout(std::time::Duration::from_millis(50), subscriber.next())
+                .await
+            {
+                Ok(Some(message)) => self.handle(message).await,
                 _ => break,
             }
+            drained += 1;
         }
-        self.dispatch(&shards, drained);
-        shards.finish().await;
         Ok(())
-    }
-
-    fn start_shards(&self) -> Shards {
-        let held = Arc::new(AtomicUsize::new(0));
-        let (queues, tasks) = (0..SHARDS)
-            .map(|_| {
-                let (queue, batches) = mpsc::unbounded_channel();
-                let task = tokio::spawn(self.clone().apply_shard(batches, Arc::clone(&held)));
-                (queue, task)
-            })
-            .unzip();
-        Shards {
-            queues,
-            tasks,
-            held,
-        }
-    }
-
-    /// Queues each message of `batch` for its thread's shard. Messages that would take the shards beyond
-    /// [`Ingest::queued_limit`] are dropped, which is a gap.
-    fn dispatch(&self, shards: &Shards, batch: Vec<Message>) {
-        let mut routed: [Vec<Message>; SHARDS] = Default::default();
-        for message in batch {
-            routed[shard(&message.subject)].push(message);
-        }
-        for (queue, messages) in shards.queues.iter().zip(routed) {
-            let n = messages.len();
-            if n == 0 {
-                continue;
-            }
-            if shards.held.fetch_add(n, Ordering::AcqRel) + n <= self.queued_limit {
-                // The receiver lives until the queue is closed (`Shards::finish`).
-                let _ = queue.send(messages);
-                continue;
-            }
-            shards.held.fetch_sub(n, Ordering::AcqRel);
-            self.coverage.gap(self.coverage.now());
-            self.metrics.events(EventOutcome::Dropped, n as u64);
-            if self.dropped_log.allow() {
-                tracing::warn!(
-                    limit = self.queued_limit,
-                    dropped = n,
-                    "the ingest queues are full: dropping live events; every view is downgraded"
-                );
-            }
-        }
-    }
-
-    /// Applies the batches of one shard's queue until it is closed and empty.
-    async fn apply_shard(
-        self,
-        mut batches: mpsc::UnboundedReceiver<Vec<Message>>,
-        held: Arc<AtomicUsize>,
-    ) {
-        while let Some(messages) = batches.recv().await {
-            let n = messages.len();
-            for message in messages {
-                self.handle(message).await;
-            }
-            held.fetch_sub(n, Ordering::AcqRel);
-        }
     }
 
     /// One message: subject → delivery key → family filter and decode → its thread's view.
     pub async fn handle(&self, message: Message) {
-        let outcome = self.apply(&message.subject, &message.payload).await;
-        self.metrics.event(outcome);
+        if let Some(outcome) = self.apply(&message.subject, &message.payload).await {
+            self.metrics.event(outcome);
+        }
     }
 
-    async fn apply(&self, subject: &str, payload: &[u8]) -> EventOutcome {
+    /// The message's outcome, or `None` when its view counts it (it waits for the view's holder).
+    async fn apply(&self, subject: &str, payload: &[u8]) -> Option<EventOutcome> {
         let key = match DeliveryKey::parse_subject(subject) {
             Ok(key) => key,
             Err(error) => {
                 if self.bad_subject_log.allow() {
                     tracing::warn!(%error, "dropping a message whose subject is not a display-event subject");
                 }
-                return EventOutcome::BadSubject;
+                return Some(EventOutcome::BadSubject);
             }
         };
-        match decode_payload(key, payload) {
+        Some(match decode_payload(key, payload) {
             Err(error) => {
                 if self.malformed_log.allow() {
                     // Metadata only: never the payload.
@@ -236,11 +135,13 @@ impl Ingest {
                     self.metrics.ingest_lag(created_at);
                 }
                 match self.views.apply(event).await {
-                    Inserted::Added => EventOutcome::Relevant,
-                    Inserted::Duplicate => EventOutcome::Duplicate,
+                    Some(Inserted::Added) => EventOutcome::Relevant,
+                    Some(Inserted::Duplicate) => EventOutcome::Duplicate,
+                    // Counted by the view's holder when it applies the event.
+                    None => return None,
                 }
             }
-        }
+        })
     }
 
     /// Watches the connection until `stop` is cancelled: logs and counts connection events, keeps readiness's
@@ -358,29 +259,6 @@ impl Ingest {
         tracing::info!(event = %event, views_downgraded = is_gap(event), "NATS connection event");
         matches!(event, Event::Connected)
     }
-}
-
-impl Shards {
-    /// Closes the queues and waits until the shards have applied what they hold.
-    async fn finish(self) {
-        drop(self.queues);
-        for task in self.tasks {
-            if let Err(error) = task.await {
-                tracing::error!(%error, "an ingest shard failed");
-            }
-        }
-    }
-}
-
-/// The shard of a subject: by its thread token (the fourth), so one thread's events stay in order. A subject
-/// without one goes to shard 0, which counts it as a bad subject.
-fn shard(subject: &str) -> usize {
-    let Some(thread) = subject.split('.').nth(3) else {
-        return 0;
-    };
-    let mut hasher = std::hash::DefaultHasher::new();
-    std::hash::Hash::hash(thread, &mut hasher);
-    (std::hash::Hasher::finish(&hasher) % SHARDS as u64) as usize
 }
 
 /// The worker's own subscription for confirmation probes, on a subject nothing else uses (an inbox subject, so

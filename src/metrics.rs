@@ -22,19 +22,16 @@ pub enum EventOutcome {
     Malformed,
     /// The subject is not a 9-token display-event subject.
     BadSubject,
-    /// Its thread's ingest shard had no room: dropped unread (a gap that downgrades every view).
-    Dropped,
 }
 
 impl EventOutcome {
     /// Every outcome, in declaration order (the order of `Inner::events`).
-    const ALL: [EventOutcome; 6] = [
+    const ALL: [EventOutcome; 5] = [
         EventOutcome::Relevant,
         EventOutcome::Irrelevant,
         EventOutcome::Duplicate,
         EventOutcome::Malformed,
         EventOutcome::BadSubject,
-        EventOutcome::Dropped,
     ];
 
     fn label(self) -> &'static str {
@@ -44,7 +41,6 @@ impl EventOutcome {
             EventOutcome::Duplicate => "duplicate",
             EventOutcome::Malformed => "malformed",
             EventOutcome::BadSubject => "bad_subject",
-            EventOutcome::Dropped => "dropped",
         }
     }
 }

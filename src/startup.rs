@@ -154,7 +154,6 @@ impl Application {
             state.metrics.clone(),
             state.readiness.clone(),
             coverage,
-            config.nats_subscription_capacity,
         );
         if nats.connection_state() == async_nats::connection::State::Connected {
             state.readiness.set_connected(true);

@@ -35,8 +35,7 @@ const STALL: Duration = Duration::from_secs(3);
 struct Ingested {
     received: u64,
     elapsed: Duration,
-    /// Slow-consumer events the side's NATS client reported (each one is a batch of dropped messages), plus, for
-    /// the worker, messages its ingest shards dropped.
+    /// Slow-consumer events the side's NATS client reported (each one is a batch of dropped messages).
     drops: u64,
 }
 
@@ -69,7 +68,7 @@ impl Round {
         let dropped = |side: &Ingested| {
             if side.received < n as u64 {
                 format!(
-                    " ({} DROPPED, {} drop events)",
+                    " ({} DROPPED, {} slow-consumer events)",
                     n as u64 - side.received,
                     side.drops
                 )

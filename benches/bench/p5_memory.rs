@@ -104,7 +104,7 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
             "P5",
             "cache and intake at the end",
             format!(
-                "weighted {:.1} MiB, {} entries; received {received}/{n}{}; drops {drops} (slow-consumer events and shard drops), \
+                "weighted {:.1} MiB, {} entries; received {received}/{n}{}; slow-consumer events {drops}, \
                  disconnects {disconnects}; published in {}",
                 weighted / (1 << 20) as f64,
                 entries,

@@ -232,8 +232,6 @@ pub async fn get(http: &reqwest::Client, url: &str) -> Reply {
     }
 }
 
-const DROPPED: &str = "history_view_events_total{outcome=\"dropped\"}";
-
 /// A Prometheus text scrape of the worker.
 pub struct Scrape(String);
 
@@ -248,13 +246,12 @@ impl Scrape {
         crate::scrape::metric(&self.0, sample)
     }
 
-    /// Messages the worker took from NATS and read (every outcome but `dropped`).
+    /// Messages the worker took from NATS (every outcome).
     pub fn events_received(&self) -> u64 {
-        (self.sum("history_view_events_total") - self.sample(DROPPED)) as u64
+        self.sum("history_view_events_total") as u64
     }
 
-    /// Signs of lost messages: slow-consumer events of the NATS client (each a batch of messages) plus messages an
-    /// ingest shard dropped.
+    /// Signs of lost messages: slow-consumer events of the NATS client.
     pub fn drops(&self) -> u64 {
         crate::scrape::live_drops(&self.0) as u64
     }

@@ -1,5 +1,6 @@
 //! Hostile publishers through the built binary: subjects that are not UTF-8 (skipped and counted, no reconnect),
-//! and one hot thread fed in reverse `created_at` order while another thread's events must stay fresh.
+//! and one hot thread fed in reverse `created_at` order, and read meanwhile, while another thread's events must stay
+//! fresh.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -141,14 +142,17 @@ async fn a_hot_thread_in_reverse_order_neither_drops_events_nor_delays_other_thr
     let app = scene
         .worker_binary(&release_binary(), scene.nats.url(), &[])
         .await;
-    let probe_thread = "t-probe";
+    let (probe_thread, hot_thread) = ("t-probe", "t-hot");
     scene
         .store
-        .insert_rows(&[user_row(probe_thread, "d1", "e1", now_ns(0), "Q")])
+        .insert_rows(&[
+            user_row(probe_thread, "d1", "e1", now_ns(0), "Q"),
+            user_row(hot_thread, "d1", "e1", 0, "Q"),
+        ])
         .await;
     read_until_cache(&app.api, probe_thread, "").await;
 
-    let hot = hot_thread::hot_chunks("t-hot", HOT_EVENTS, true);
+    let hot = hot_thread::hot_chunks(hot_thread, HOT_EVENTS, true);
     let done = AtomicBool::new(false);
     let publishing = async {
         hot_thread::publish_paced(&scene.publisher, &hot, Some(HOT_RATE)).await;
@@ -161,7 +165,18 @@ async fn a_hot_thread_in_reverse_order_neither_drops_events_nor_delays_other_thr
         now_ns(1),
         &done,
     );
-    let ((), probes): ((), Probes) = tokio::join!(publishing, probing);
+    // Reads of the hot thread hold its view while they render it; its events then wait beside the view.
+    let reading_hot = async {
+        let mut reads = 0;
+        while !done.load(Ordering::Acquire) {
+            assert_eq!(app.api.history(hot_thread, "").await.status, 200);
+            reads += 1;
+        }
+        reads
+    };
+    let ((), probes, hot_reads): ((), Probes, usize) =
+        tokio::join!(publishing, probing, reading_hot);
+    assert!(hot_reads > 0);
 
     wait_metric(
         &app.api,

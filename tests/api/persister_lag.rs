@@ -96,7 +96,7 @@ async fn events_missed_while_the_link_to_nats_was_cut_appear_once_persisted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_dropped_by_a_slow_consumer_or_a_full_shard_appear_once_persisted() {
+async fn events_dropped_by_a_slow_consumer_appear_once_persisted() {
     let scene = Scene::new().await;
     let app = scene
         .worker(

@@ -22,11 +22,11 @@ pub fn metric(text: &str, sample: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Signs of live events lost by the worker: slow-consumer events of its NATS client plus events an ingest shard
-/// dropped (each one a gap that downgrades every view).
+/// Signs of live events lost by the worker: slow-consumer events of its NATS client (each one a gap that
+/// downgrades every view).
 pub fn live_drops(text: &str) -> f64 {
     metric(
         text,
         "history_view_nats_connection_events_total{event=\"slow_consumer\"}",
-    ) + metric(text, "history_view_events_total{outcome=\"dropped\"}")
+    )
 }
