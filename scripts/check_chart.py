@@ -74,6 +74,7 @@ CASES: dict[str, dict[str, Any]] = {
             "cacheMaxBytes": 805306368,
             "cacheIdleSecs": 600,
             "storeTimeoutMs": 1500,
+            "maxConcurrentHydrations": 3,
             "persistLagMs": 5000,
             "shutdownDrainSecs": 20,
         },
@@ -102,6 +103,7 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
     "a string where an integer belongs": ({"config": {"cacheMaxBytes": "256Mi"}}, "/config/cacheMaxBytes"),
     "an unknown log format": ({"config": {"logFormat": "xml"}}, "/config/logFormat"),
     "a negative persister-lag bound": ({"config": {"persistLagMs": -1}}, "/config/persistLagMs"),
+    "no hydration slot": ({"config": {"maxConcurrentHydrations": 0}}, "/config/maxConcurrentHydrations"),
     "a writable root filesystem": ({"securityContext": {"readOnlyRootFilesystem": False}}, "readOnlyRootFilesystem"),
     "running as root allowed": ({"podSecurityContext": {"runAsNonRoot": False}}, "runAsNonRoot"),
     "a grace period not above the drain": (
@@ -123,6 +125,7 @@ EXPECTED_ENV = {
     "HISTORY_VIEW_CACHE_MAX_BYTES",
     "HISTORY_VIEW_CACHE_IDLE_SECS",
     "HISTORY_VIEW_STORE_TIMEOUT_MS",
+    "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS",
     "HISTORY_VIEW_PERSIST_LAG_MS",
     "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS",
     "RUST_LOG",
@@ -315,6 +318,10 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
     expect(
         env["HISTORY_VIEW_MONGODB_FILL_INDEX_HINT"]["value"] == values["config"]["mongodb"]["fillIndexHint"],
         "fill index hint",
+    )
+    expect(
+        env["HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS"]["value"] == str(values["config"]["maxConcurrentHydrations"]),
+        "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS",
     )
     expect(
         env["HISTORY_VIEW_PERSIST_LAG_MS"]["value"] == str(values["config"]["persistLagMs"]),

@@ -85,6 +85,9 @@ pub struct Views {
     stop: CancellationToken,
     /// The queue of fills (see [`Views::run_fills`]).
     fills: mpsc::Sender<FillRequest>,
+    /// One permit per store read of a whole thread allowed at once (`HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS`): each
+    /// may hold a thread's events in memory.
+    hydration_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// One cached thread.
@@ -124,6 +127,8 @@ struct Entry {
     charged: AtomicUsize,
     /// The last rendered answer: (view version, primary identity, answer).
     rendered: Mutex<Option<(u64, Option<Identity>, Answer)>>,
+    /// Whether stage 1's skipped markers were warned about for this entry.
+    skipped_markers_warned: AtomicBool,
     /// Warnings already logged for this view, so a malformed event is warned about once, not on every read.
     warned: Mutex<HashSet<u64>>,
 }
@@ -225,6 +230,7 @@ impl Entry {
             fill_scheduled: AtomicBool::new(false),
             charged: AtomicUsize::new(0),
             rendered: Mutex::new(None),
+            skipped_markers_warned: AtomicBool::new(false),
             warned: Mutex::new(HashSet::new()),
         }
     }
@@ -369,6 +375,7 @@ impl Views {
         coverage: Coverage,
         max_bytes: u64,
         idle: Duration,
+        concurrent_hydrations: usize,
     ) -> Self {
         let cache = Cache::builder()
             .max_capacity(max_bytes)
@@ -383,6 +390,7 @@ impl Views {
             coverage,
             stop: CancellationToken::new(),
             fills,
+            hydration_slots: Arc::new(tokio::sync::Semaphore::new(concurrent_hydrations)),
         };
         tokio::spawn(views.clone().run_fills(requests));
         views
@@ -461,8 +469,21 @@ impl Views {
     /// Reads the thread from the store and merges the live events held; marks the view complete when the coverage
     /// verdict allows it, or schedules a re-read for when it will. The caller holds the entry's hydration lock.
     async fn hydrate(&self, entry: &Arc<Entry>, hydration: Hydration) -> Result<(), StoreError> {
+        let deadline = self.store.deadline();
+        // Waiting for a slot counts against the read's store timeout.
+        let Ok(Ok(_slot)) =
+            tokio::time::timeout_at(deadline.into(), self.hydration_slots.acquire()).await
+        else {
+            entry.failed_hydrations.fetch_add(1, Ordering::AcqRel);
+            self.metrics.hydration_slot_timeout();
+            return Err(StoreError::Busy);
+        };
         let start = self.coverage.read_start_now(entry.bucket, entry.floor);
-        let rows = match self.store.thread_rows(&entry.thread_id, hydration).await {
+        let rows = match self
+            .store
+            .thread_rows(&entry.thread_id, hydration, deadline)
+            .await
+        {
             Ok(rows) => rows,
             Err(error) => {
                 if error.is_outage() {
@@ -474,6 +495,16 @@ impl Views {
             }
         };
         self.coverage.store_answered(self.coverage.now());
+        if rows.skipped_markers > 0 {
+            self.metrics.markers_skipped(rows.skipped_markers);
+            if !entry.skipped_markers_warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    thread_id = &*entry.thread_id,
+                    skipped = rows.skipped_markers,
+                    "Skipping visibility markers whose display_id is not a string"
+                );
+            }
+        }
         let verdict = self.coverage.verdict(&start);
         let (deferred, fill) = {
             let mut view = entry.view(&self.metrics);

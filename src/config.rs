@@ -77,6 +77,12 @@ pub struct Config {
     #[arg(long, env = "HISTORY_VIEW_STORE_TIMEOUT_MS", default_value = "2000", value_parser = parse_millis)]
     pub store_timeout_ms: Duration,
 
+    /// Most store reads of whole threads (hydrations and background re-reads) at once; a read beyond it waits for
+    /// one to finish within its store timeout, then answers 503. Each may hold up to a thread's events in memory
+    /// (env HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS; default 10, the MongoDB driver's connection pool size).
+    #[arg(long, env = "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS", default_value = "10", value_parser = parse_hydrations)]
+    pub max_concurrent_hydrations: usize,
+
     /// Bound, in milliseconds, on how long after publishing an event aihub's persister has written it; 0 allowed
     /// (env HISTORY_VIEW_PERSIST_LAG_MS; default 2000). A view is served from memory only if its store read started
     /// at least this long after the worker last could have missed one of the thread's events (start, reconnect,
@@ -210,6 +216,13 @@ fn parse_positive(value: &str) -> Result<u64, String> {
 
 fn parse_capacity(value: &str) -> Result<usize, String> {
     parse_positive(value).and_then(|n| usize::try_from(n).map_err(|_| "is too large".to_owned()))
+}
+
+fn parse_hydrations(value: &str) -> Result<usize, String> {
+    match parse_capacity(value)? {
+        n if n > 1024 => Err("must be at most 1024".into()),
+        n => Ok(n),
+    }
 }
 
 fn parse_secs(value: &str) -> Result<Duration, String> {

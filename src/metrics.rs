@@ -168,6 +168,8 @@ struct Inner {
     ingest_lag_seconds: prometheus::Histogram,
     nats_connection_events: IntCounterVec,
     index_hint_fallbacks: IntCounter,
+    markers_skipped: IntCounter,
+    hydration_slot_timeouts: IntCounter,
     malformed_warnings: IntCounter,
     rereads: IntCounterVec,
     persister_lag_seconds: prometheus::Histogram,
@@ -313,6 +315,21 @@ impl Metrics {
                     &["event"],
                 ),
             ),
+            hydration_slot_timeouts: reg(
+                &registry,
+                counter(
+                    "history_view_hydration_slot_timeouts_total",
+                    "Store reads of whole threads that found no free slot (HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS) \
+                     within the store timeout and answered 503",
+                ),
+            ),
+            markers_skipped: reg(
+                &registry,
+                counter(
+                    "history_view_markers_skipped_total",
+                    "Visibility marker displays skipped by a store read because their display_id is not a string",
+                ),
+            ),
             index_hint_fallbacks: reg(
                 &registry,
                 counter(
@@ -360,6 +377,12 @@ impl Metrics {
         }
     }
 
+    pub fn hydration_slot_timeout(&self) {
+        self.inner.hydration_slot_timeouts.inc();
+    }
+    pub fn markers_skipped(&self, n: u64) {
+        self.inner.markers_skipped.inc_by(n);
+    }
     pub fn event(&self, outcome: EventOutcome) {
         self.inner.events[outcome as usize].inc();
     }

@@ -74,6 +74,7 @@ impl Application {
             coverage.clone(),
             config.cache_max_bytes,
             config.cache_idle_secs,
+            config.max_concurrent_hydrations,
         );
 
         let (events_tx, connection_events) = ingest::connection_events();

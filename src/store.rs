@@ -44,6 +44,12 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("the store query failed")]
     Query(#[source] MongoError),
+    /// The store refused the query itself (a command error other than a missing index): retrying cannot help.
+    #[error("the store rejected the query")]
+    Rejected(#[source] MongoError),
+    /// Every slot for store reads of whole threads stayed taken for the whole store timeout.
+    #[error("too many store reads were in flight; none finished within the store timeout")]
+    Busy,
     /// Another read of the same thread was already waiting on the store and it failed.
     #[error("a concurrent read of this thread could not reach the store")]
     ConcurrentReadFailed,
@@ -61,7 +67,19 @@ impl StoreError {
                 error.kind.as_ref(),
                 ErrorKind::Command(_) | ErrorKind::Write(_)
             ),
-            StoreError::ConcurrentReadFailed => false,
+            StoreError::Rejected(_) | StoreError::Busy | StoreError::ConcurrentReadFailed => false,
+        }
+    }
+
+    /// Sorts a driver error: a command error whose code says the query itself is wrong is a rejection (a
+    /// missing hinted index never gets here, it is retried without the hint); anything else, transient command
+    /// errors such as `MaxTimeMSExpired` included, a failure that a later read may not meet.
+    fn from_driver(error: MongoError) -> Self {
+        match error.kind.as_ref() {
+            ErrorKind::Command(command) if is_rejection(command.code) => {
+                StoreError::Rejected(error)
+            }
+            _ => StoreError::Query(error),
         }
     }
 }
@@ -73,6 +91,8 @@ pub struct ThreadRows {
     pub displays: Vec<String>,
     /// Decoded relevant rows, in store order (sorted by `created_at`, `event_id`).
     pub events: Vec<ViewEvent>,
+    /// Marker rows stage 1 skipped because their `display_id` is not a string (no delivery key can hold it).
+    pub skipped_markers: u64,
 }
 
 /// Read access to the event collection. Cloning is cheap.
@@ -96,6 +116,8 @@ struct Inner {
     metrics: Metrics,
     /// Rate limit of the warning about rows persisted later than the bound.
     lag_warnings: RateLimit,
+    /// Rate limit of the warning about threads without a visible marker.
+    no_marker_warnings: RateLimit,
 }
 
 /// The index hints of the store queries; `None` disables one.
@@ -107,10 +129,16 @@ pub struct IndexHints {
     pub display: Option<String>,
 }
 
-/// One configured hint, and whether its missing index was already logged (once per process and index).
+/// How long a hinted index found missing is not named again: queries run unhinted meanwhile, then the hint is
+/// tried again (the index may have been built since).
+const MISSING_INDEX_RECHECK: Duration = Duration::from_secs(300);
+
+/// One configured hint, whether its missing index was already logged (once per process and index), and until
+/// when it is known to be missing.
 struct IndexHint {
     name: Option<String>,
     missing_logged: AtomicBool,
+    missing_until: std::sync::Mutex<Option<Instant>>,
 }
 
 impl IndexHint {
@@ -118,7 +146,26 @@ impl IndexHint {
         Self {
             name,
             missing_logged: AtomicBool::new(false),
+            missing_until: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The hint to name now: none while the index is known to be missing.
+    fn current(&self) -> Option<&str> {
+        let missing = self
+            .missing_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some_and(|until| Instant::now() < until);
+        if missing { None } else { self.name.as_deref() }
+    }
+
+    fn found_missing(&self) {
+        *self
+            .missing_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(Instant::now() + MISSING_INDEX_RECHECK);
     }
 }
 
@@ -162,11 +209,17 @@ impl Store {
                 persist_lag,
                 metrics,
                 lag_warnings: RateLimit::default(),
+                no_marker_warnings: RateLimit::default(),
             }),
         })
     }
 
-    /// Runs the two-stage query for `thread_id`, bounded by the configured timeout.
+    /// The deadline of a read starting now: the configured timeout from now.
+    pub fn deadline(&self) -> Instant {
+        Instant::now() + self.inner.timeout
+    }
+
+    /// Runs the two-stage query for `thread_id`, bounded by `deadline` (each query's `maxTimeMS` is the time left).
     ///
     /// # Errors
     /// [`StoreError`] when the store fails or does not answer in time.
@@ -174,8 +227,10 @@ impl Store {
         &self,
         thread_id: &str,
         hydration: Hydration,
+        deadline: Instant,
     ) -> Result<ThreadRows, StoreError> {
-        self.bounded(self.query(thread_id, hydration)).await
+        self.bounded(deadline, self.query(thread_id, hydration, deadline))
+            .await
     }
 
     /// Reads the stored projectable events of the given displays of the given threads (a fill, for a batch of
@@ -195,15 +250,20 @@ impl Store {
             .flat_map(|(_, displays)| displays.iter().map(|d| Bson::from(&**d)))
             .collect();
         let started = Instant::now();
+        let deadline = self.deadline();
         let events = self
-            .bounded(self.with_hint_fallback(&self.inner.display_hint, |hint| {
-                self.find_events(
-                    &self.inner.fill_collection,
-                    fill_filter(&threads, &displays),
-                    None,
-                    hint,
-                )
-            }))
+            .bounded(
+                deadline,
+                self.with_hint_fallback(&self.inner.display_hint, |hint| {
+                    self.find_events(
+                        &self.inner.fill_collection,
+                        fill_filter(&threads, &displays),
+                        None,
+                        hint,
+                        deadline,
+                    )
+                }),
+            )
             .await?;
         self.inner
             .metrics
@@ -213,13 +273,14 @@ impl Store {
 
     async fn bounded<T>(
         &self,
+        deadline: Instant,
         query: impl Future<Output = Result<T, MongoError>>,
     ) -> Result<T, StoreError> {
         let timeout = self.inner.timeout;
-        tokio::time::timeout(timeout, query)
+        tokio::time::timeout_at(deadline.into(), query)
             .await
             .map_err(|_| StoreError::Timeout(timeout))?
-            .map_err(StoreError::Query)
+            .map_err(StoreError::from_driver)
     }
 
     /// Answers whether the store responds to `ping` within the timeout.
@@ -235,32 +296,45 @@ impl Store {
             .map_err(StoreError::Query)
     }
 
-    async fn query(&self, thread_id: &str, hydration: Hydration) -> Result<ThreadRows, MongoError> {
+    async fn query(
+        &self,
+        thread_id: &str,
+        hydration: Hydration,
+        deadline: Instant,
+    ) -> Result<ThreadRows, MongoError> {
         let started = Instant::now();
-        let markers = self
+        let (markers, skipped_markers) = self
             .with_hint_fallback(&self.inner.thread_hint, |hint| {
-                self.visible_displays(thread_id, hint)
+                self.visible_displays(thread_id, hint, deadline)
             })
             .await?;
         self.inner
             .metrics
             .store_query(QueryKind::Markers(hydration), started.elapsed());
         if markers.is_empty() {
-            // Fail closed: legacy threads without markers reconstruct as empty history (contract 4).
-            tracing::warn!(
-                thread_id,
-                "No client-visible display marker found for thread history"
-            );
-            return Ok(ThreadRows::default());
+            // Fail closed: legacy threads without markers reconstruct as empty history (contract 4). Any client
+            // can ask for a thread that does not exist, so the warning is rate-limited.
+            if self.inner.no_marker_warnings.allow() {
+                tracing::warn!(
+                    thread_id,
+                    "No client-visible display marker found for thread history"
+                );
+            }
+            return Ok(ThreadRows {
+                skipped_markers,
+                ..ThreadRows::default()
+            });
         }
+        let displays: Vec<Bson> = markers.iter().map(|d| Bson::from(d.as_str())).collect();
         let started = Instant::now();
         let events = self
             .with_hint_fallback(&self.inner.thread_hint, |hint| {
                 self.find_events(
                     &self.inner.collection,
-                    events_filter(thread_id, &markers),
+                    events_filter(thread_id, &displays),
                     Some(events_sort()),
                     hint,
+                    deadline,
                 )
             })
             .await?;
@@ -268,15 +342,14 @@ impl Store {
             .metrics
             .store_query(QueryKind::Events(hydration), started.elapsed());
         Ok(ThreadRows {
-            displays: markers
-                .iter()
-                .filter_map(|d| d.as_str().map(str::to_owned))
-                .collect(),
+            displays: markers,
             events,
+            skipped_markers,
         })
     }
 
-    /// Stage 1: the distinct `display_id`s of the thread's `UserAgent` display markers.
+    /// Stage 1: the distinct string `display_id`s of the thread's `UserAgent` display markers, and how many
+    /// distinct values of another type were skipped.
     ///
     /// Chosen: an aggregation (`$match`, then `$group` on `display_id`) rather than the `distinct` command, because
     /// `distinct` accepts a hint only from MongoDB 7.1 while `aggregate` has accepted one since 3.6 (FerretDB 2
@@ -286,26 +359,30 @@ impl Store {
         &self,
         thread_id: &str,
         hint: Option<&str>,
-    ) -> Result<Vec<Bson>, MongoError> {
+        deadline: Instant,
+    ) -> Result<(Vec<String>, u64), MongoError> {
         let mut action = self
             .inner
             .collection
             .aggregate(markers_pipeline(thread_id))
-            .max_time(self.inner.timeout);
+            .max_time(time_left(deadline));
         if let Some(hint) = hint {
             action = action.hint(Hint::Name(hint.to_owned()));
         }
         let mut cursor = action.await?;
         let mut displays = Vec::new();
+        let mut skipped = 0;
         while cursor.advance().await? {
-            if let Ok(Some(value)) = cursor.current().get("_id")
-                && !matches!(value, RawBsonRef::Null)
-                && let Ok(display) = Bson::try_from(value.to_raw_bson())
-            {
-                displays.push(display);
+            match cursor.current().get("_id") {
+                Ok(Some(RawBsonRef::String(display))) => displays.push(display.to_owned()),
+                // Missing or null: no display a client sees.
+                Ok(None | Some(RawBsonRef::Null)) => {}
+                // Any other type cannot be part of a delivery key (contract 6), so no event of it is projected;
+                // it must not reach stage 2's `$in` either, where a document like `{"$ne": 1}` is an error.
+                _ => skipped += 1,
             }
         }
-        Ok(displays)
+        Ok((displays, skipped))
     }
 
     /// Stage 2 (sorted, in projection order) or a fill (unsorted: the view orders what it holds): the rows that
@@ -316,11 +393,12 @@ impl Store {
         filter: Document,
         sort: Option<Document>,
         hint: Option<&str>,
+        deadline: Instant,
     ) -> Result<Vec<ViewEvent>, MongoError> {
         let mut action = collection
             .find(filter)
             .projection(projection())
-            .max_time(self.inner.timeout);
+            .max_time(time_left(deadline));
         if let Some(sort) = sort {
             action = action.sort(sort);
         }
@@ -363,8 +441,8 @@ impl Store {
         }
     }
 
-    /// Runs `run` with `hint`; if the store rejects the hint because the index is missing, runs it again without
-    /// one.
+    /// Runs `run` with `hint` (unless its index was found missing within the last few minutes); if the store
+    /// rejects the hint because the index is missing, runs it again without one and remembers that.
     async fn with_hint_fallback<'a, T, F, Fut>(
         &'a self,
         hint: &'a IndexHint,
@@ -374,14 +452,17 @@ impl Store {
         F: Fn(Option<&'a str>) -> Fut,
         Fut: Future<Output = Result<T, MongoError>>,
     {
-        let (logged, hint) = (&hint.missing_logged, hint.name.as_deref());
-        match run(hint).await {
-            Err(error) if hint.is_some() && is_missing_index(&error) => {
+        let name = hint.current();
+        match run(name).await {
+            Err(error) if name.is_some() && is_missing_index(&error) => {
                 self.inner.metrics.index_hint_fallback();
-                if !logged.swap(true, Ordering::Relaxed) {
+                hint.found_missing();
+                if !hint.missing_logged.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
-                        index = hint.unwrap_or_default(),
-                        "The hinted index does not exist; history reads fall back to unhinted queries and will be slower"
+                        index = name.unwrap_or_default(),
+                        recheck_secs = MISSING_INDEX_RECHECK.as_secs(),
+                        "The hinted index does not exist; history reads fall back to unhinted queries and will be \
+                         slower (the hint is tried again every few minutes)"
                     );
                 }
                 run(None).await
@@ -389,6 +470,14 @@ impl Store {
             other => other,
         }
     }
+}
+
+/// A query's `maxTimeMS`: the read's time left (at least a millisecond, which the store reads as a limit; zero
+/// would mean none).
+fn time_left(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
 }
 
 /// Stage 1's pipeline: the thread's `UserAgent` display markers, grouped by display.
@@ -440,6 +529,13 @@ pub fn projection() -> Document {
         projection.insert(format!("event_data.{field}"), 1);
     }
     projection
+}
+
+/// Whether a command error code says the query cannot succeed as sent, whenever it is retried. Chosen: BadValue
+/// (2), FailedToParse (9), TypeMismatch (14), InvalidOptions (72), InvalidNamespace (73), CommandNotSupportedOnView
+/// (166) and InvalidPipelineOperator (168); every other code is treated as possibly transient.
+fn is_rejection(code: i32) -> bool {
+    matches!(code, 2 | 9 | 14 | 72 | 73 | 166 | 168)
 }
 
 /// Whether the store rejected the hint itself: MongoDB and SecantusDB answer a hint naming no index with BadValue

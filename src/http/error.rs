@@ -20,6 +20,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("the event store is unavailable; try again")]
     StoreUnavailable(#[source] StoreError),
+    /// The store refused the thread's query for a reason retrying cannot fix (logged with the thread id).
+    #[error("the event store rejected the query for this thread")]
+    StoreQueryRejected,
     #[error("no such resource")]
     NotFound,
 }
@@ -32,6 +35,9 @@ impl ApiError {
             ApiError::InvalidQuery(_) => (StatusCode::BAD_REQUEST, "invalid_query"),
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+            ApiError::StoreQueryRejected => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "store_query_rejected")
+            }
             ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
         }
     }
@@ -47,6 +53,19 @@ fn chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+impl ApiError {
+    /// The answer to a history read of `thread_id` that failed with `error`.
+    pub fn from_read(error: StoreError, thread_id: &str) -> Self {
+        match error {
+            StoreError::Rejected(cause) => {
+                tracing::error!(thread_id, error = %chain(&cause), "history read failed: the store rejected the query");
+                ApiError::StoreQueryRejected
+            }
+            other => ApiError::StoreUnavailable(other),
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -68,5 +87,27 @@ impl IntoResponse for ApiError {
             _ => {}
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rejected_query_is_a_500_without_retry_after_and_an_outage_a_503_with_it() {
+        let rejected = ApiError::from_read(
+            StoreError::Rejected(mongodb::error::Error::custom("bad value")),
+            "t",
+        )
+        .into_response();
+        assert_eq!(rejected.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(rejected.headers().get(header::RETRY_AFTER).is_none());
+
+        let outage =
+            ApiError::from_read(StoreError::Timeout(std::time::Duration::from_secs(1)), "t")
+                .into_response();
+        assert_eq!(outage.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(outage.headers()[header::RETRY_AFTER], "1");
     }
 }

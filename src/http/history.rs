@@ -99,7 +99,7 @@ pub async fn get_history(
         .views
         .read(thread_id.as_str(), primary.as_ref())
         .await
-        .map_err(ApiError::StoreUnavailable)?;
+        .map_err(|error| ApiError::from_read(error, thread_id.as_str()))?;
     state.metrics.read(answer.source, started.elapsed());
     Ok(respond(answer, &headers))
 }

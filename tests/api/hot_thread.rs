@@ -10,6 +10,8 @@ use bytes::Bytes;
 
 /// How often a probe is published.
 pub const PROBE_EVERY: Duration = Duration::from_millis(5);
+/// How often the probe thread is read.
+const READ_EVERY: Duration = Duration::from_millis(1);
 /// A probe not visible this long after the hot thread's last publish counts as lost.
 const GIVE_UP: Duration = Duration::from_secs(2);
 
@@ -87,7 +89,8 @@ impl Probes {
 }
 
 /// Publishes a probe chunk on `thread` (served by the worker at `base_url`) every [`PROBE_EVERY`] until `done` is
-/// set, reading the thread in between until each probe shows; then waits for the probes still missing.
+/// set, reading the thread every millisecond in between until each probe shows; then waits for the probes still
+/// missing.
 pub async fn probe(
     client: &async_nats::Client,
     base_url: &str,
@@ -136,6 +139,11 @@ pub async fn probe(
             }
         }
         let missing = seen.iter().filter(|s| s.is_none()).count();
+        if missing > 0 || stopped.is_none() {
+            // Read every millisecond, not in a tight loop: on a small machine the reader would take CPU from the
+            // worker it measures.
+            tokio::time::sleep(READ_EVERY).await;
+        }
         if let Some(stopped) = stopped
             && (missing == 0 || stopped.elapsed() > GIVE_UP)
         {
