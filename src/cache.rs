@@ -214,14 +214,15 @@ impl Drop for Entry {
 impl Entry {
     fn new(thread_id: &str, coverage: &Coverage) -> Self {
         let bucket = coverage::bucket(thread_id);
+        let view = ThreadView::new();
         Self {
             thread_id: thread_id.into(),
             bucket,
             floor: coverage.entry_created(bucket, coverage.now()),
             coverage: coverage.clone(),
-            view: Mutex::new(ThreadView::new()),
+            view_bytes: AtomicUsize::new(view.bytes()),
+            view: Mutex::new(view),
             waiting: Mutex::new(Vec::new()),
-            view_bytes: AtomicUsize::new(0),
             rendered_bytes: AtomicUsize::new(0),
             hydration: Arc::new(tokio::sync::Mutex::new(())),
             failed_hydrations: AtomicU64::new(0),
@@ -794,6 +795,8 @@ mod tests {
     fn a_live_event_waits_beside_a_locked_view_and_its_holder_applies_it_in_order() {
         let metrics = Metrics::new();
         let entry = Entry::new("t", &Coverage::new(Duration::ZERO));
+        // Weighed as the view it holds from the start (a lower first charge lets more entries in than they weigh).
+        assert_eq!(entry.held_bytes(), ThreadView::new().bytes());
         let held = entry.view(&metrics);
         // The live path does not wait for the holder.
         assert!(entry.apply_live(chunk("a", 2), &metrics).is_none());
