@@ -287,23 +287,7 @@ async fn worker_ingest(
     let cpu_before = worker.cpu_time();
     let started = Instant::now();
     let publishing = tokio::spawn(publish_all(publisher, Arc::clone(messages)));
-    let mut received = 0;
-    let mut last_progress = Instant::now();
-    let finished = loop {
-        let scrape = worker.metrics().await;
-        let now = Instant::now();
-        let count = scrape.events_received();
-        if count >= expected {
-            break now;
-        }
-        if count > received {
-            received = count;
-            last_progress = now;
-        } else if now - last_progress > STALL {
-            break last_progress;
-        }
-        tokio::time::sleep(POLL).await;
-    };
+    let finished = worker.wait_received(expected, POLL, STALL).await;
     let published_in = publishing.await.expect("the publisher task");
     let cpu = worker.cpu_time().saturating_sub(cpu_before);
     let scrape = worker.metrics().await;

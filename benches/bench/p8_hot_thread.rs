@@ -175,23 +175,7 @@ async fn wait_received(
     started: Instant,
     published: Duration,
 ) -> Ingested {
-    let mut received = 0;
-    let mut last_progress = Instant::now();
-    let finished = loop {
-        let scrape = worker.metrics().await;
-        let now = Instant::now();
-        let count = scrape.events_received();
-        if count >= expected as u64 {
-            break now;
-        }
-        if count > received {
-            received = count;
-            last_progress = now;
-        } else if now - last_progress > STALL {
-            break last_progress;
-        }
-        tokio::time::sleep(POLL).await;
-    };
+    let finished = worker.wait_received(expected as u64, POLL, STALL).await;
     let scrape = worker.metrics().await;
     let elapsed = finished - started;
     Ingested {

@@ -182,6 +182,27 @@ impl Worker {
         }
     }
 
+    /// Scrapes `/metrics` every `poll` until the worker has received `expected` events; returns when it had, or, if
+    /// it received nothing for `stall` (the rest was lost), when it last made progress.
+    pub async fn wait_received(&self, expected: u64, poll: Duration, stall: Duration) -> Instant {
+        let mut received = 0;
+        let mut last_progress = Instant::now();
+        loop {
+            let count = self.metrics().await.events_received();
+            let now = Instant::now();
+            if count >= expected {
+                return now;
+            }
+            if count > received {
+                received = count;
+                last_progress = now;
+            } else if now - last_progress > stall {
+                return last_progress;
+            }
+            tokio::time::sleep(poll).await;
+        }
+    }
+
     pub async fn metrics(&self) -> Scrape {
         let reply = self.get("/metrics").await;
         assert_eq!(reply.status, 200, "GET /metrics");
