@@ -236,7 +236,10 @@ async fn concurrent_readers_of_a_cold_thread_share_one_hydration() {
                 chunk_row(thread, "d1", "A", "e2", 2, "A"),
             ])
             .await;
-        let barrier = Arc::new(tokio::sync::Barrier::new(16));
+        // The store is frozen while the readers arrive, so all of them are waiting when the first hydration runs
+        // (a reader arriving after it finished would rightly read again: within the bound the view is partial).
+        app.mongo.pause();
+        let barrier = Arc::new(tokio::sync::Barrier::new(17));
         let readers: Vec<_> = (0..16)
             .map(|_| {
                 let (api, barrier) = (app.api.clone(), barrier.clone());
@@ -246,6 +249,9 @@ async fn concurrent_readers_of_a_cold_thread_share_one_hydration() {
                 })
             })
             .collect();
+        barrier.wait().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        app.mongo.resume();
         for reader in readers {
             let reply = reader.await.unwrap();
             assert_eq!(reply.status, 200);
