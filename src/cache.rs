@@ -142,7 +142,18 @@ struct ViewGuard<'a> {
     view: Option<MutexGuard<'a, ThreadView>>,
 }
 
-impl ViewGuard<'_> {
+impl<'a> ViewGuard<'a> {
+    /// Takes over `view` (locked) and applies the waiting events to it.
+    fn new(entry: &'a Entry, metrics: &'a Metrics, view: MutexGuard<'a, ThreadView>) -> Self {
+        let mut guard = ViewGuard {
+            entry,
+            metrics,
+            view: Some(view),
+        };
+        guard.apply_waiting();
+        guard
+    }
+
     /// Inserts the waiting events, in arrival order, counting each as the live path would have.
     fn apply_waiting(&mut self) {
         let waiting = std::mem::take(&mut *lock(&self.entry.waiting));
@@ -180,12 +191,9 @@ impl Drop for ViewGuard<'_> {
             if lock(&self.entry.waiting).is_empty() {
                 return;
             }
-            match self.entry.view.try_lock() {
-                Ok(view) => self.view = Some(view),
-                Err(std::sync::TryLockError::Poisoned(poisoned)) => {
-                    self.view = Some(poisoned.into_inner());
-                }
-                Err(std::sync::TryLockError::WouldBlock) => return,
+            match self.entry.try_lock_view() {
+                Some(view) => self.view = Some(view),
+                None => return,
             }
         }
     }
@@ -243,44 +251,33 @@ impl Entry {
 
     /// Locks the view, waiting for another holder, with the waiting live events applied.
     fn view<'a>(&'a self, metrics: &'a Metrics) -> ViewGuard<'a> {
-        let mut guard = ViewGuard {
-            entry: self,
-            metrics,
-            view: Some(lock(&self.view)),
-        };
-        guard.apply_waiting();
-        guard
+        ViewGuard::new(self, metrics, lock(&self.view))
+    }
+
+    /// The view if no one holds it (a poisoned lock is taken over, as [`lock`] does).
+    fn try_lock_view(&self) -> Option<MutexGuard<'_, ThreadView>> {
+        match self.view.try_lock() {
+            Ok(view) => Some(view),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Applies a live event if the view is free; otherwise leaves it waiting for the view's holder, which applies
     /// it (and counts it) before letting go. Returns what the insert did, or `None` if the event waits.
     fn apply_live(&self, event: ViewEvent, metrics: &Metrics) -> Option<(Inserted, bool)> {
-        let view = match self.view.try_lock() {
-            Ok(view) => view,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                lock(&self.waiting).push(event);
-                // The holder may have checked the waiting events just before this push and be letting go now:
-                // take the view if it is free, so the event does not wait for the next holder.
-                if let Ok(view) = self.view.try_lock() {
-                    drop(ViewGuard {
-                        entry: self,
-                        metrics,
-                        view: Some(view),
-                    });
-                }
-                return None;
+        let Some(view) = self.try_lock_view() else {
+            lock(&self.waiting).push(event);
+            // The holder may have checked the waiting events just before this push and be letting go now: take
+            // the view if it is free, so the event does not wait for the next holder.
+            if let Some(view) = self.try_lock_view() {
+                drop(ViewGuard::new(self, metrics, view));
             }
+            return None;
         };
-        let mut guard = ViewGuard {
-            entry: self,
-            metrics,
-            view: Some(view),
-        };
-        guard.apply_waiting();
+        let mut guard = ViewGuard::new(self, metrics, view);
         let inserted = guard.insert(event);
-        let fill_due = guard.take_fill_due();
-        Some((inserted, fill_due))
+        Some((inserted, guard.take_fill_due()))
     }
 
     /// The weight to charge now: the bytes held plus a quarter of headroom, so that a growing view is re-weighed

@@ -127,6 +127,15 @@ fn position(len: usize) -> u32 {
         .expect("a view holds fewer than 2^31 events")
 }
 
+/// The key of the event an index slot names.
+fn slot_key<'a>(events: &'a [ViewEvent], rejected: &'a [ViewEvent], slot: u32) -> &'a DeliveryKey {
+    if slot & REJECTED == 0 {
+        &events[slot as usize].key
+    } else {
+        &rejected[(slot & !REJECTED) as usize].key
+    }
+}
+
 impl ThreadView {
     /// A partial view holding nothing yet.
     pub fn new() -> Self {
@@ -199,11 +208,8 @@ impl ThreadView {
         let valid = project::validate(&event).ok();
         let (events, rejected) = (&self.events, &self.rejected);
         let held = |slot: &u32| {
-            if slot & REJECTED == 0 {
-                valid.is_some() && events[*slot as usize].key == event.key
-            } else {
-                valid.is_none() && rejected[(slot & !REJECTED) as usize].key == event.key
-            }
+            (slot & REJECTED == 0) == valid.is_some()
+                && *slot_key(events, rejected, *slot) == event.key
         };
         if self.index.find(hash, held).is_some() {
             return Inserted::Duplicate;
@@ -232,11 +238,7 @@ impl ThreadView {
         };
         let (events, rejected) = (&self.events, &self.rejected);
         self.index.insert_unique(hash, slot, |slot| {
-            if slot & REJECTED == 0 {
-                key_hash(&events[*slot as usize].key)
-            } else {
-                key_hash(&rejected[(slot & !REJECTED) as usize].key)
-            }
+            key_hash(slot_key(events, rejected, *slot))
         });
         self.version += 1;
         Inserted::Added
