@@ -36,6 +36,8 @@ mod p6_freshness;
 mod p7_multi_turn;
 #[path = "bench/p8_hot_thread.rs"]
 mod p8_hot_thread;
+#[path = "../tests/api/process_memory.rs"]
+mod process_memory;
 #[path = "bench/report.rs"]
 mod report;
 #[path = "../tests/api/scrape.rs"]

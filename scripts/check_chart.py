@@ -43,7 +43,8 @@ CHART = ROOT / "helm" / "chat-history-view"
 KUBE_VERSION = "1.30.0"
 RELEASE = "chv"
 NAMESPACE = "aihub"
-# The design target: resident memory <= cache budget + 64 MiB (spec section 7, P5).
+# The design target: resident memory <= cache budget + 64 MiB (spec section 7, P5) + concurrent hydrations x the
+# per-thread limit (each store read may hold up to a thread's events).
 MEMORY_ALLOWANCE = 64 * 1024 * 1024
 # Lint severities as helm_python.lint reports them: 0 unknown, 1 info, 2 warning, 3 error.
 LINT_WARNING = 2
@@ -75,6 +76,7 @@ CASES: dict[str, dict[str, Any]] = {
             "cacheIdleSecs": 600,
             "storeTimeoutMs": 1500,
             "maxConcurrentHydrations": 3,
+            "maxThreadBytes": 33554432,
             "persistLagMs": 5000,
             "shutdownDrainSecs": 20,
         },
@@ -104,6 +106,7 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
     "an unknown log format": ({"config": {"logFormat": "xml"}}, "/config/logFormat"),
     "a negative persister-lag bound": ({"config": {"persistLagMs": -1}}, "/config/persistLagMs"),
     "no hydration slot": ({"config": {"maxConcurrentHydrations": 0}}, "/config/maxConcurrentHydrations"),
+    "a per-thread limit below 64 KiB": ({"config": {"maxThreadBytes": 1024}}, "/config/maxThreadBytes"),
     "a writable root filesystem": ({"securityContext": {"readOnlyRootFilesystem": False}}, "readOnlyRootFilesystem"),
     "running as root allowed": ({"podSecurityContext": {"runAsNonRoot": False}}, "runAsNonRoot"),
     "a grace period not above the drain": (
@@ -126,6 +129,7 @@ EXPECTED_ENV = {
     "HISTORY_VIEW_CACHE_IDLE_SECS",
     "HISTORY_VIEW_STORE_TIMEOUT_MS",
     "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS",
+    "HISTORY_VIEW_MAX_THREAD_BYTES",
     "HISTORY_VIEW_PERSIST_LAG_MS",
     "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS",
     "RUST_LOG",
@@ -324,6 +328,10 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS",
     )
     expect(
+        env["HISTORY_VIEW_MAX_THREAD_BYTES"]["value"] == str(values["config"]["maxThreadBytes"]),
+        "HISTORY_VIEW_MAX_THREAD_BYTES",
+    )
+    expect(
         env["HISTORY_VIEW_PERSIST_LAG_MS"]["value"] == str(values["config"]["persistLagMs"]),
         f"HISTORY_VIEW_PERSIST_LAG_MS is {env['HISTORY_VIEW_PERSIST_LAG_MS'].get('value')!r}",
     )
@@ -337,9 +345,11 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
 
     memory_limit = container.get("resources", {}).get("limits", {}).get("memory")
     expect(memory_limit is not None, "no memory limit")
+    reads_bytes = values["config"]["maxConcurrentHydrations"] * values["config"]["maxThreadBytes"]
     expect(
-        parse_quantity(memory_limit) >= cache_bytes + MEMORY_ALLOWANCE,
-        f"memory limit {memory_limit} leaves no room above the {cache_bytes}-byte cache budget + 64 MiB",
+        parse_quantity(memory_limit) >= cache_bytes + MEMORY_ALLOWANCE + reads_bytes,
+        f"memory limit {memory_limit} is below the {cache_bytes}-byte cache budget + 64 MiB + {reads_bytes} bytes"
+        " of concurrent store reads",
     )
 
     # Secrets: the Mongo URI always comes from a secretKeyRef; the Secret is the named one or ours.

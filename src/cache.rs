@@ -47,7 +47,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coverage::{self, Coverage, Stamp, Verdict};
 use crate::decode::ViewEvent;
-use crate::metrics::{EventOutcome, FillOutcome, Hydration, Metrics, RereadResult, Source};
+use crate::metrics::{
+    EventOutcome, FillOutcome, Hydration, LimitPath, Metrics, RereadResult, Source,
+};
 use crate::project::{HistoryMessage, Identity, Projection};
 use crate::store::{Store, StoreError};
 use crate::view::{Inserted, ThreadView, ViewState};
@@ -127,6 +129,9 @@ struct Entry {
     charged: AtomicUsize,
     /// The last rendered answer: (view version, primary identity, answer).
     rendered: Mutex<Option<(u64, Option<Identity>, Answer)>>,
+    /// The thread outgrew `HISTORY_VIEW_MAX_THREAD_BYTES`: the entry left the cache with its view emptied, and its
+    /// readers answer 507.
+    too_large: AtomicBool,
     /// Whether stage 1's skipped markers were warned about for this entry.
     skipped_markers_warned: AtomicBool,
     /// Warnings already logged for this view, so a malformed event is warned about once, not on every read.
@@ -239,6 +244,7 @@ impl Entry {
             fill_scheduled: AtomicBool::new(false),
             charged: AtomicUsize::new(0),
             rendered: Mutex::new(None),
+            too_large: AtomicBool::new(false),
             skipped_markers_warned: AtomicBool::new(false),
             warned: Mutex::new(HashSet::new()),
         }
@@ -402,7 +408,11 @@ impl Views {
     /// and the event waits beside it: its holder applies and counts it (see [`Entry::view`]).
     pub async fn apply(&self, event: ViewEvent) -> Option<Inserted> {
         let entry = self.entry(event.key.thread_id()).await;
-        let (inserted, fill_due) = entry.apply_live(event, &self.metrics)?;
+        let applied = entry.apply_live(event, &self.metrics);
+        if self.leave_if_too_large(&entry, LimitPath::Live).await {
+            return applied.map(|(inserted, _)| inserted);
+        }
+        let (inserted, fill_due) = applied?;
         if fill_due {
             self.schedule_fill(&entry);
         }
@@ -433,6 +443,9 @@ impl Views {
         // Another reader may have hydrated the view while this one waited, or failed to.
         if let Some(answer) = self.complete_answer(&entry, primary, Source::Store) {
             return Ok(answer);
+        }
+        if entry.too_large.load(Ordering::Acquire) {
+            return Err(self.too_large());
         }
         if entry.failed_hydrations.load(Ordering::Acquire) != failures_before {
             return Err(StoreError::ConcurrentReadFailed);
@@ -487,6 +500,9 @@ impl Views {
                 if error.is_outage() {
                     self.coverage.store_failed();
                 }
+                if let StoreError::TooLarge { .. } = error {
+                    self.leave_too_large(entry, LimitPath::Read).await;
+                }
                 entry.failed_hydrations.fetch_add(1, Ordering::AcqRel);
                 self.metrics.hydration(false);
                 return Err(error);
@@ -520,6 +536,11 @@ impl Views {
                 Verdict::Uncovered => (None, false),
             }
         };
+        // The stored events fit, but with the live ones held the view may not.
+        if self.leave_if_too_large(entry, LimitPath::Read).await {
+            entry.failed_hydrations.fetch_add(1, Ordering::AcqRel);
+            return Err(self.too_large());
+        }
         entry.hydrations.fetch_add(1, Ordering::AcqRel);
         self.metrics.hydration(true);
         if let Some(until) = deferred {
@@ -702,6 +723,9 @@ impl Views {
                 for ((request, displays), events) in work.into_iter().zip(per_view) {
                     let entry = &request.entry;
                     entry.view(&self.metrics).fill(&displays, events);
+                    if self.leave_if_too_large(entry, LimitPath::Live).await {
+                        continue;
+                    }
                     let outcome = match self.state(entry) {
                         ViewState::Complete => FillOutcome::Complete,
                         ViewState::Partial => FillOutcome::Partial,
@@ -743,18 +767,60 @@ impl Views {
     /// Re-inserts `entry` so moka weighs it again, if it is still the thread's current entry. An entry the cache
     /// let go of meanwhile stays out: its successor covers the thread from the removal on.
     async fn reweigh(&self, entry: &Arc<Entry>) {
+        self.if_current(entry, || Op::Put(Arc::clone(entry))).await;
+    }
+
+    /// Runs `op` on the thread's cache slot if `entry` is still its current entry.
+    async fn if_current(&self, entry: &Arc<Entry>, op: impl FnOnce() -> Op<Arc<Entry>>) {
         self.cache
             .entry_by_ref(&*entry.thread_id)
             .and_compute_with(|current| {
                 let op = match current {
-                    Some(current) if Arc::ptr_eq(current.value(), entry) => {
-                        Op::Put(Arc::clone(entry))
-                    }
+                    Some(current) if Arc::ptr_eq(current.value(), entry) => op(),
                     _ => Op::Nop,
                 };
                 std::future::ready(op)
             })
             .await;
+    }
+
+    /// The error of a read of a thread past `HISTORY_VIEW_MAX_THREAD_BYTES`.
+    fn too_large(&self) -> StoreError {
+        StoreError::TooLarge {
+            limit: self.store.max_thread_bytes(),
+        }
+    }
+
+    /// Lets `entry` leave the cache if its view holds more than `HISTORY_VIEW_MAX_THREAD_BYTES`; returns whether
+    /// it did.
+    async fn leave_if_too_large(&self, entry: &Arc<Entry>, path: LimitPath) -> bool {
+        let over = entry.view_bytes.load(Ordering::Relaxed) > self.store.max_thread_bytes();
+        if over && !entry.too_large.load(Ordering::Acquire) {
+            self.leave_too_large(entry, path).await;
+        }
+        over
+    }
+
+    /// Marks `entry` too large, empties its view and its rendering (their memory is freed now, whoever still
+    /// holds the entry) and removes it from the cache. Its readers answer 507; the thread's next entry starts
+    /// partial, so its reads go to the store, which answers the same while the thread stays that large. Leaving
+    /// is a removal like an eviction: the next entry is not complete until its store read covers this one's events.
+    async fn leave_too_large(&self, entry: &Arc<Entry>, path: LimitPath) {
+        if entry.too_large.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        *entry.view(&self.metrics) = ThreadView::new();
+        *lock(&entry.rendered) = None;
+        entry.rendered_bytes.store(0, Ordering::Relaxed);
+        self.metrics.thread_limit_exceeded(path);
+        if path == LimitPath::Live {
+            tracing::warn!(
+                thread_id = &*entry.thread_id,
+                limit_bytes = self.store.max_thread_bytes(),
+                "A thread's live view outgrew HISTORY_VIEW_MAX_THREAD_BYTES and left the cache; its reads answer 507"
+            );
+        }
+        self.if_current(entry, || Op::Remove).await;
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::store::IndexHints;
+use crate::store::{IndexHints, StoreSettings};
 
 pub const DEFAULT_SUBJECT: &str = "agent.*.*.*.*.*.display_event.*.*";
 pub const DEFAULT_INDEX_HINT: &str = "thread_id_1_event_type_1_event_parents_1";
@@ -83,6 +83,13 @@ pub struct Config {
     #[arg(long, env = "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS", default_value = "10", value_parser = parse_hydrations)]
     pub max_concurrent_hydrations: usize,
 
+    /// Most bytes of a thread's events (as held in memory, a plain number or with a unit as for the cache budget)
+    /// one view or store read may hold; a read of a larger thread answers 507 thread_too_large, and a live view
+    /// that grows past it leaves the cache (env HISTORY_VIEW_MAX_THREAD_BYTES; default 64MiB, hundreds of times a
+    /// long chat).
+    #[arg(long, env = "HISTORY_VIEW_MAX_THREAD_BYTES", default_value = "64MiB", value_parser = parse_thread_bytes)]
+    pub max_thread_bytes: usize,
+
     /// Bound, in milliseconds, on how long after publishing an event aihub's persister has written it; 0 allowed
     /// (env HISTORY_VIEW_PERSIST_LAG_MS; default 2000). A view is served from memory only if its store read started
     /// at least this long after the worker last could have missed one of the thread's events (start, reconnect,
@@ -143,8 +150,20 @@ impl Config {
         Some(self.mongodb_index_hint.trim()).filter(|h| !h.is_empty())
     }
 
+    /// What the store client needs.
+    pub fn store_settings(&self) -> StoreSettings {
+        StoreSettings {
+            database: self.mongodb_database.clone(),
+            collection: self.mongodb_collection.clone(),
+            hints: self.index_hints(),
+            timeout: self.store_timeout_ms,
+            persist_lag: self.persist_lag,
+            max_thread_bytes: self.max_thread_bytes,
+        }
+    }
+
     /// The hints of every store query.
-    pub fn index_hints(&self) -> IndexHints {
+    fn index_hints(&self) -> IndexHints {
         IndexHints {
             thread: self.index_hint().map(str::to_owned),
             display: Some(self.mongodb_fill_index_hint.trim())
@@ -225,6 +244,14 @@ fn parse_hydrations(value: &str) -> Result<usize, String> {
     }
 }
 
+/// A byte size for the per-thread limit: at least 64 KiB (less would refuse ordinary chats).
+fn parse_thread_bytes(value: &str) -> Result<usize, String> {
+    match parse_bytes(value)? {
+        n if n < 64 << 10 => Err("must be at least 64KiB".into()),
+        n => usize::try_from(n).map_err(|_| "is too large".to_owned()),
+    }
+}
+
 fn parse_secs(value: &str) -> Result<Duration, String> {
     parse_positive(value).map(Duration::from_secs)
 }
@@ -284,6 +311,7 @@ mod tests {
         assert_eq!(config.mongodb_collection, "agent_events");
         assert_eq!(config.index_hint(), Some(DEFAULT_INDEX_HINT));
         assert_eq!(config.cache_max_bytes, DEFAULT_CACHE_MAX_BYTES);
+        assert_eq!(config.max_thread_bytes, 64 << 20);
         assert_eq!(config.store_timeout_ms, Duration::from_millis(2000));
         assert_eq!(config.shutdown_drain_secs, Duration::from_secs(5));
         assert_eq!(config.persist_lag, Duration::from_millis(2000));
@@ -307,6 +335,7 @@ mod tests {
             (&["--subject", "agent..x"][..], "--subject"),
             (&["--persist-lag-ms=-1"][..], "--persist-lag-ms"),
             (&["--persist-lag-ms", "2s"][..], "--persist-lag-ms"),
+            (&["--max-thread-bytes", "1KiB"][..], "--max-thread-bytes"),
         ] {
             let message = parse(args).unwrap_err().to_string();
             assert!(message.contains(setting), "{message}");

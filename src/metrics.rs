@@ -124,6 +124,24 @@ impl Source {
     }
 }
 
+/// Where `HISTORY_VIEW_MAX_THREAD_BYTES` stopped a thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitPath {
+    /// A store read (hydration) of the thread: the read answers 507.
+    Read,
+    /// A live view (live events, a fill) outgrew it: the view left the cache.
+    Live,
+}
+
+impl LimitPath {
+    fn label(self) -> &'static str {
+        match self {
+            LimitPath::Read => "read",
+            LimitPath::Live => "live",
+        }
+    }
+}
+
 /// What a background re-read of a view held partial by the persister-lag bound achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RereadResult {
@@ -170,6 +188,7 @@ struct Inner {
     index_hint_fallbacks: IntCounter,
     markers_skipped: IntCounter,
     hydration_slot_timeouts: IntCounter,
+    thread_limit_exceeded: IntCounterVec,
     malformed_warnings: IntCounter,
     rereads: IntCounterVec,
     persister_lag_seconds: prometheus::Histogram,
@@ -323,6 +342,15 @@ impl Metrics {
                      within the store timeout and answered 503",
                 ),
             ),
+            thread_limit_exceeded: reg(
+                &registry,
+                counter_vec(
+                    "history_view_thread_limit_exceeded_total",
+                    "Threads stopped by HISTORY_VIEW_MAX_THREAD_BYTES: store reads that answered 507 (path=read), \
+                     live views that left the cache (path=live)",
+                    &["path"],
+                ),
+            ),
             markers_skipped: reg(
                 &registry,
                 counter(
@@ -379,6 +407,12 @@ impl Metrics {
 
     pub fn hydration_slot_timeout(&self) {
         self.inner.hydration_slot_timeouts.inc();
+    }
+    pub fn thread_limit_exceeded(&self, path: LimitPath) {
+        self.inner
+            .thread_limit_exceeded
+            .with_label_values(&[path.label()])
+            .inc();
     }
     pub fn markers_skipped(&self, n: u64) {
         self.inner.markers_skipped.inc_by(n);

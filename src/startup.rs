@@ -59,11 +59,7 @@ impl Application {
         let readiness = Readiness::new(coverage.clone());
         let store = Store::connect(
             config.mongodb_uri.expose(),
-            &config.mongodb_database,
-            &config.mongodb_collection,
-            config.index_hints(),
-            config.store_timeout_ms,
-            config.persist_lag,
+            config.store_settings(),
             metrics.clone(),
         )
         .await

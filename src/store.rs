@@ -22,6 +22,7 @@ use crate::decode::{DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, USER_AGENT, ViewE
 use crate::metrics::{Hydration, Metrics, QueryKind};
 use crate::subject::KEY_FIELDS;
 use crate::telemetry::RateLimit;
+use crate::view::{display_bytes, event_bytes};
 
 /// Parents that make a `UserAgent` display event a visibility marker.
 const MARKER_PARENTS: [&str; 2] = ["UserMessageEvent", "HumanInTheLoopResponseEvent"];
@@ -50,6 +51,11 @@ pub enum StoreError {
     /// Every slot for store reads of whole threads stayed taken for the whole store timeout.
     #[error("too many store reads were in flight; none finished within the store timeout")]
     Busy,
+    /// The thread's events exceed `HISTORY_VIEW_MAX_THREAD_BYTES`: the read stopped there rather than hold them.
+    #[error(
+        "the thread's events exceed the per-thread limit of {limit} bytes (HISTORY_VIEW_MAX_THREAD_BYTES)"
+    )]
+    TooLarge { limit: usize },
     /// Another read of the same thread was already waiting on the store and it failed.
     #[error("a concurrent read of this thread could not reach the store")]
     ConcurrentReadFailed,
@@ -67,7 +73,10 @@ impl StoreError {
                 error.kind.as_ref(),
                 ErrorKind::Command(_) | ErrorKind::Write(_)
             ),
-            StoreError::Rejected(_) | StoreError::Busy | StoreError::ConcurrentReadFailed => false,
+            StoreError::Rejected(_)
+            | StoreError::Busy
+            | StoreError::TooLarge { .. }
+            | StoreError::ConcurrentReadFailed => false,
         }
     }
 
@@ -81,6 +90,20 @@ impl StoreError {
             }
             _ => StoreError::Query(error),
         }
+    }
+
+    /// Whether the store said that a hinted index does not exist.
+    fn is_missing_index(&self) -> bool {
+        match self {
+            StoreError::Query(error) | StoreError::Rejected(error) => is_missing_index(error),
+            _ => false,
+        }
+    }
+}
+
+impl From<MongoError> for StoreError {
+    fn from(error: MongoError) -> Self {
+        StoreError::from_driver(error)
     }
 }
 
@@ -113,11 +136,29 @@ struct Inner {
     timeout: Duration,
     /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
     persist_lag: Duration,
+    /// `HISTORY_VIEW_MAX_THREAD_BYTES`.
+    max_thread_bytes: usize,
     metrics: Metrics,
     /// Rate limit of the warning about rows persisted later than the bound.
     lag_warnings: RateLimit,
     /// Rate limit of the warning about threads without a visible marker.
     no_marker_warnings: RateLimit,
+    /// Rate limit of the warning about reads stopped by the per-thread limit.
+    too_large_warnings: RateLimit,
+}
+
+/// What the store client is configured with.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub database: String,
+    pub collection: String,
+    pub hints: IndexHints,
+    /// Bound of one read (`HISTORY_VIEW_STORE_TIMEOUT_MS`).
+    pub timeout: Duration,
+    /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
+    pub persist_lag: Duration,
+    /// `HISTORY_VIEW_MAX_THREAD_BYTES`: most bytes of compact events one read of a thread may hold.
+    pub max_thread_bytes: usize,
 }
 
 /// The index hints of the store queries; `None` disables one.
@@ -176,13 +217,17 @@ impl Store {
     /// The URI cannot be parsed or names options the driver rejects.
     pub async fn connect(
         uri: &str,
-        database: &str,
-        collection: &str,
-        hints: IndexHints,
-        timeout: Duration,
-        persist_lag: Duration,
+        settings: StoreSettings,
         metrics: Metrics,
     ) -> Result<Self, MongoError> {
+        let StoreSettings {
+            database,
+            collection,
+            hints,
+            timeout,
+            persist_lag,
+            max_thread_bytes,
+        } = settings;
         let mut options = ClientOptions::parse(uri).await?;
         options
             .app_name
@@ -196,22 +241,29 @@ impl Store {
         fill_options.max_pool_size = Some(FILL_POOL_SIZE);
         let fill_client = Client::with_options(fill_options)?;
         let client = Client::with_options(options)?;
-        let fill_collection = fill_client.database(database).collection(collection);
-        let database = client.database(database);
+        let fill_collection = fill_client.database(&database).collection(&collection);
+        let database = client.database(&database);
         Ok(Self {
             inner: Arc::new(Inner {
-                collection: database.collection(collection),
+                collection: database.collection(&collection),
                 fill_collection,
                 database,
                 thread_hint: IndexHint::new(hints.thread),
                 display_hint: IndexHint::new(hints.display),
                 timeout,
                 persist_lag,
+                max_thread_bytes,
                 metrics,
                 lag_warnings: RateLimit::default(),
                 no_marker_warnings: RateLimit::default(),
+                too_large_warnings: RateLimit::default(),
             }),
         })
+    }
+
+    /// `HISTORY_VIEW_MAX_THREAD_BYTES`: a view holding more leaves the cache.
+    pub fn max_thread_bytes(&self) -> usize {
+        self.inner.max_thread_bytes
     }
 
     /// The deadline of a read starting now: the configured timeout from now.
@@ -219,10 +271,11 @@ impl Store {
         Instant::now() + self.inner.timeout
     }
 
-    /// Runs the two-stage query for `thread_id`, bounded by `deadline` (each query's `maxTimeMS` is the time left).
+    /// Runs the two-stage query for `thread_id`, bounded by `deadline` (each query's `maxTimeMS` is the time left)
+    /// and by `HISTORY_VIEW_MAX_THREAD_BYTES`.
     ///
     /// # Errors
-    /// [`StoreError`] when the store fails or does not answer in time.
+    /// [`StoreError`] when the store fails or does not answer in time, or the thread is too large.
     pub async fn thread_rows(
         &self,
         thread_id: &str,
@@ -234,12 +287,12 @@ impl Store {
     }
 
     /// Reads the stored projectable events of the given displays of the given threads (a fill, for a batch of
-    /// views), bounded by the configured timeout. One query: stage 2's filter for these threads and displays,
-    /// naming the display index; the caller keeps each view's rows (a display id of one thread may, in principle,
-    /// also occur in another).
+    /// views), bounded by the configured timeout and by the per-thread limit times the number of threads. One
+    /// query: stage 2's filter for these threads and displays, naming the display index; the caller keeps each
+    /// view's rows (a display id of one thread may, in principle, also occur in another).
     ///
     /// # Errors
-    /// [`StoreError`] when the store fails or does not answer in time.
+    /// [`StoreError`] when the store fails or does not answer in time, or the rows exceed the limit.
     pub async fn display_rows(
         &self,
         wanted: &[(&str, &[Box<str>])],
@@ -251,6 +304,10 @@ impl Store {
             .collect();
         let started = Instant::now();
         let deadline = self.deadline();
+        let budget = self
+            .inner
+            .max_thread_bytes
+            .saturating_mul(wanted.len().max(1));
         let events = self
             .bounded(
                 deadline,
@@ -260,7 +317,7 @@ impl Store {
                         fill_filter(&threads, &displays),
                         None,
                         hint,
-                        deadline,
+                        Bounds { deadline, budget },
                     )
                 }),
             )
@@ -274,13 +331,12 @@ impl Store {
     async fn bounded<T>(
         &self,
         deadline: Instant,
-        query: impl Future<Output = Result<T, MongoError>>,
+        query: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let timeout = self.inner.timeout;
         tokio::time::timeout_at(deadline.into(), query)
             .await
             .map_err(|_| StoreError::Timeout(timeout))?
-            .map_err(StoreError::from_driver)
     }
 
     /// Answers whether the store responds to `ping` within the timeout.
@@ -301,8 +357,9 @@ impl Store {
         thread_id: &str,
         hydration: Hydration,
         deadline: Instant,
-    ) -> Result<ThreadRows, MongoError> {
+    ) -> Result<ThreadRows, StoreError> {
         let started = Instant::now();
+        let limit = self.inner.max_thread_bytes;
         let (markers, skipped_markers) = self
             .with_hint_fallback(&self.inner.thread_hint, |hint| {
                 self.visible_displays(thread_id, hint, deadline)
@@ -325,6 +382,11 @@ impl Store {
                 ..ThreadRows::default()
             });
         }
+        // The displays count against the limit as the view holds them.
+        let display_bytes: usize = markers.iter().map(|d| display_bytes(d)).sum();
+        let Some(budget) = limit.checked_sub(display_bytes) else {
+            return Err(self.too_large(thread_id));
+        };
         let displays: Vec<Bson> = markers.iter().map(|d| Bson::from(d.as_str())).collect();
         let started = Instant::now();
         let events = self
@@ -334,10 +396,14 @@ impl Store {
                     events_filter(thread_id, &displays),
                     Some(events_sort()),
                     hint,
-                    deadline,
+                    Bounds { deadline, budget },
                 )
             })
-            .await?;
+            .await
+            .map_err(|error| match error {
+                StoreError::TooLarge { .. } => self.too_large(thread_id),
+                other => other,
+            })?;
         self.inner
             .metrics
             .store_query(QueryKind::Events(hydration), started.elapsed());
@@ -346,6 +412,19 @@ impl Store {
             events,
             skipped_markers,
         })
+    }
+
+    /// The error of a read stopped by the per-thread limit, warned about (rate-limited, metadata only).
+    fn too_large(&self, thread_id: &str) -> StoreError {
+        let limit = self.inner.max_thread_bytes;
+        if self.inner.too_large_warnings.allow() {
+            tracing::warn!(
+                thread_id,
+                limit_bytes = limit,
+                "A thread's stored events exceed HISTORY_VIEW_MAX_THREAD_BYTES; its reads answer 507"
+            );
+        }
+        StoreError::TooLarge { limit }
     }
 
     /// Stage 1: the distinct string `display_id`s of the thread's `UserAgent` display markers, and how many
@@ -360,7 +439,7 @@ impl Store {
         thread_id: &str,
         hint: Option<&str>,
         deadline: Instant,
-    ) -> Result<(Vec<String>, u64), MongoError> {
+    ) -> Result<(Vec<String>, u64), StoreError> {
         let mut action = self
             .inner
             .collection
@@ -372,9 +451,16 @@ impl Store {
         let mut cursor = action.await?;
         let mut displays = Vec::new();
         let mut skipped = 0;
+        let mut bytes = 0;
         while cursor.advance().await? {
             match cursor.current().get("_id") {
-                Ok(Some(RawBsonRef::String(display))) => displays.push(display.to_owned()),
+                Ok(Some(RawBsonRef::String(display))) => {
+                    bytes += display_bytes(display);
+                    if bytes > self.inner.max_thread_bytes {
+                        return Err(self.too_large(thread_id));
+                    }
+                    displays.push(display.to_owned());
+                }
                 // Missing or null: no display a client sees.
                 Ok(None | Some(RawBsonRef::Null)) => {}
                 // Any other type cannot be part of a delivery key (contract 6), so no event of it is projected;
@@ -386,19 +472,20 @@ impl Store {
     }
 
     /// Stage 2 (sorted, in projection order) or a fill (unsorted: the view orders what it holds): the rows that
-    /// `filter` selects, decoded as the cursor yields them.
+    /// `filter` selects, decoded as the cursor yields them, stopped with [`StoreError::TooLarge`] (its `limit` is
+    /// the budget here; callers name their own) as soon as the compact events exceed `bounds.budget` bytes.
     async fn find_events(
         &self,
         collection: &Collection<RawDocumentBuf>,
         filter: Document,
         sort: Option<Document>,
         hint: Option<&str>,
-        deadline: Instant,
-    ) -> Result<Vec<ViewEvent>, MongoError> {
+        bounds: Bounds,
+    ) -> Result<Vec<ViewEvent>, StoreError> {
         let mut action = collection
             .find(filter)
             .projection(projection())
-            .max_time(time_left(deadline));
+            .max_time(time_left(bounds.deadline));
         if let Some(sort) = sort {
             action = action.sort(sort);
         }
@@ -407,9 +494,16 @@ impl Store {
         }
         let mut cursor = action.await?;
         let mut events = Vec::new();
+        let mut bytes = 0;
         while cursor.advance().await? {
             let row = cursor.current();
             if let Decoded::Event(event) = decode_row(row) {
+                bytes += event_bytes(&event);
+                if bytes > bounds.budget {
+                    return Err(StoreError::TooLarge {
+                        limit: bounds.budget,
+                    });
+                }
                 if let (Ok(id), Ok(created_at)) = (row.get_object_id("_id"), event.created_at) {
                     self.observe_persister_lag(id, created_at, &event);
                 }
@@ -447,14 +541,14 @@ impl Store {
         &'a self,
         hint: &'a IndexHint,
         run: F,
-    ) -> Result<T, MongoError>
+    ) -> Result<T, StoreError>
     where
         F: Fn(Option<&'a str>) -> Fut,
-        Fut: Future<Output = Result<T, MongoError>>,
+        Fut: Future<Output = Result<T, StoreError>>,
     {
         let name = hint.current();
         match run(name).await {
-            Err(error) if name.is_some() && is_missing_index(&error) => {
+            Err(error) if name.is_some() && error.is_missing_index() => {
                 self.inner.metrics.index_hint_fallback();
                 hint.found_missing();
                 if !hint.missing_logged.swap(true, Ordering::Relaxed) {
@@ -470,6 +564,13 @@ impl Store {
             other => other,
         }
     }
+}
+
+/// What bounds one query: the read's deadline and the bytes of compact events it may hold.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    deadline: Instant,
+    budget: usize,
 }
 
 /// A query's `maxTimeMS`: the read's time left (at least a millisecond, which the store reads as a limit; zero

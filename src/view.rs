@@ -114,7 +114,13 @@ fn sort_key(event: &ViewEvent) -> (i64, &DeliveryKey) {
     (event.created_at.unwrap_or(i64::MIN), &event.key)
 }
 
-fn event_bytes(event: &ViewEvent) -> usize {
+/// A covered display's bytes as a view holds it.
+pub fn display_bytes(display: &str) -> usize {
+    display.len() + 32
+}
+
+/// An event's bytes as a view holds it (for the cache's budget and the per-thread limit).
+pub fn event_bytes(event: &ViewEvent) -> usize {
     std::mem::size_of::<ViewEvent>() + event.heap_bytes() + BOOKKEEPING_BYTES
 }
 
@@ -154,7 +160,7 @@ impl ThreadView {
         let mut view = ThreadView::new();
         view.hydrated = true;
         view.covered = covered.into_iter().map(String::into_boxed_str).collect();
-        view.bytes += view.covered.iter().map(|d| d.len() + 32).sum::<usize>();
+        view.bytes += view.covered.iter().map(|d| display_bytes(d)).sum::<usize>();
         for event in store_events {
             view.insert(event);
         }
@@ -175,7 +181,7 @@ impl ThreadView {
         for display in displays {
             self.uncovered.remove(display);
             if self.covered.insert(display.clone()) {
-                self.bytes += display.len() + 32;
+                self.bytes += display_bytes(display);
             }
         }
         for event in store_events {
@@ -200,7 +206,7 @@ impl ThreadView {
             && !self.uncovered.contains(event.key.display_id())
         {
             let display: Box<str> = event.key.display_id().into();
-            self.bytes += display.len() + 32;
+            self.bytes += display_bytes(&display);
             self.uncovered.insert(display);
             self.fill_due |= self.complete_at.is_some();
         }

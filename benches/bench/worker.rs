@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+pub use crate::process_memory::{Memory, memory};
 use crate::setup::Setup;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,15 +44,6 @@ impl Reply {
             .windows(needle.len())
             .any(|window| window == needle)
     }
-}
-
-/// Resident memory of a process, from `/proc/<pid>/status`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Memory {
-    /// VmRSS: resident now.
-    pub rss_kib: u64,
-    /// VmHWM: the peak resident size since the process started.
-    pub hwm_kib: u64,
 }
 
 impl Worker {
@@ -290,22 +282,6 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free local port for the worker")
-}
-
-/// VmRSS and VmHWM of `pid` (zero once it has exited).
-pub fn memory(pid: u32) -> Memory {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    Memory {
-        rss_kib: field("VmRSS:"),
-        hwm_kib: field("VmHWM:"),
-    }
 }
 
 /// User plus system CPU time of `/proc/<pid>` (`pid` may be `self`).

@@ -23,6 +23,11 @@ pub enum ApiError {
     /// The store refused the thread's query for a reason retrying cannot fix (logged with the thread id).
     #[error("the event store rejected the query for this thread")]
     StoreQueryRejected,
+    /// The thread's events exceed the per-thread limit; retrying does not help while the thread stays that large.
+    #[error(
+        "the thread's history exceeds this service's per-thread limit of {limit} bytes (HISTORY_VIEW_MAX_THREAD_BYTES)"
+    )]
+    ThreadTooLarge { limit: usize },
     #[error("no such resource")]
     NotFound,
 }
@@ -37,6 +42,9 @@ impl ApiError {
             ApiError::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
             ApiError::StoreQueryRejected => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "store_query_rejected")
+            }
+            ApiError::ThreadTooLarge { .. } => {
+                (StatusCode::INSUFFICIENT_STORAGE, "thread_too_large")
             }
             ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
         }
@@ -63,6 +71,8 @@ impl ApiError {
                 tracing::error!(thread_id, error = %chain(&cause), "history read failed: the store rejected the query");
                 ApiError::StoreQueryRejected
             }
+            // Logged (rate-limited) where the limit was met.
+            StoreError::TooLarge { limit } => ApiError::ThreadTooLarge { limit },
             other => ApiError::StoreUnavailable(other),
         }
     }
@@ -109,5 +119,10 @@ mod tests {
                 .into_response();
         assert_eq!(outage.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(outage.headers()[header::RETRY_AFTER], "1");
+
+        let too_large =
+            ApiError::from_read(StoreError::TooLarge { limit: 1 << 20 }, "t").into_response();
+        assert_eq!(too_large.status(), StatusCode::INSUFFICIENT_STORAGE);
+        assert!(too_large.headers().get(header::RETRY_AFTER).is_none());
     }
 }

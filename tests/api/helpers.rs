@@ -414,6 +414,11 @@ impl BinaryApp {
 }
 
 impl BinaryApp {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends SIGTERM, as Kubernetes does.
     pub fn terminate(&self) {
         self.signal("-TERM");

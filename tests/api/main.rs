@@ -36,6 +36,10 @@ mod fills;
 mod hot_thread;
 // Hostile publishers: subjects that are not UTF-8, a hot thread in reverse order.
 mod hostile;
+// HISTORY_VIEW_MAX_THREAD_BYTES: 507 for threads past it, memory bounded and given back, live views leaving.
+mod limits;
+// Resident memory of a process (shared with the benchmark).
+mod process_memory;
 // Graceful shutdown.
 mod shutdown;
 // Metrics and readiness.
