@@ -26,6 +26,8 @@ mod data;
 mod p1_ingest;
 #[path = "bench/p2_cache_reads.rs"]
 mod p2_cache_reads;
+#[path = "bench/p2_ceiling.rs"]
+mod p2_ceiling;
 #[path = "bench/p3_p4_store.rs"]
 mod p3_p4_store;
 #[path = "bench/p5_memory.rs"]

@@ -77,6 +77,8 @@ CASES: dict[str, dict[str, Any]] = {
             "storeTimeoutMs": 1500,
             "maxConcurrentHydrations": 3,
             "maxThreadBytes": 33554432,
+            "httpMaxConnections": 200,
+            "httpIdleTimeoutSecs": 30,
             "persistLagMs": 5000,
             "shutdownDrainSecs": 20,
         },
@@ -130,6 +132,10 @@ EXPECTED_ENV = {
     "HISTORY_VIEW_STORE_TIMEOUT_MS",
     "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS",
     "HISTORY_VIEW_MAX_THREAD_BYTES",
+    "HISTORY_VIEW_HTTP_MAX_CONNECTIONS",
+    "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT",
+    "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS",
+    "HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS",
     "HISTORY_VIEW_PERSIST_LAG_MS",
     "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS",
     "RUST_LOG",
@@ -327,10 +333,14 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         env["HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS"]["value"] == str(values["config"]["maxConcurrentHydrations"]),
         "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS",
     )
-    expect(
-        env["HISTORY_VIEW_MAX_THREAD_BYTES"]["value"] == str(values["config"]["maxThreadBytes"]),
-        "HISTORY_VIEW_MAX_THREAD_BYTES",
-    )
+    for name, key in [
+        ("HISTORY_VIEW_MAX_THREAD_BYTES", "maxThreadBytes"),
+        ("HISTORY_VIEW_HTTP_MAX_CONNECTIONS", "httpMaxConnections"),
+        ("HISTORY_VIEW_HTTP_MAX_IN_FLIGHT", "httpMaxInFlight"),
+        ("HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS", "httpHeaderTimeoutSecs"),
+        ("HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS", "httpIdleTimeoutSecs"),
+    ]:
+        expect(env[name]["value"] == str(values["config"][key]), name)
     expect(
         env["HISTORY_VIEW_PERSIST_LAG_MS"]["value"] == str(values["config"]["persistLagMs"]),
         f"HISTORY_VIEW_PERSIST_LAG_MS is {env['HISTORY_VIEW_PERSIST_LAG_MS'].get('value')!r}",

@@ -1,12 +1,17 @@
 //! `Config`: every setting, as a flag with a `HISTORY_VIEW_*` environment fallback and a documented default.
 //! Values are parsed into typed values here, so a bad one stops start-up with a message naming the setting.
+//! Secret settings (the Mongo URI, the API token, credentials in the NATS URL) are never printed: `--help` hides
+//! their environment values, and they are checked after clap has parsed them ([`Config::try_load_from`]) so that
+//! a bad one is refused by name without echoing its value.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, ValueEnum};
 
+use crate::http::ConnectionLimits;
 use crate::store::{IndexHints, StoreSettings};
 
 pub const DEFAULT_SUBJECT: &str = "agent.*.*.*.*.*.display_event.*.*";
@@ -22,9 +27,10 @@ pub const DEFAULT_CACHE_MAX_BYTES: u64 = 256 * 1024 * 1024;
 #[command(version, about)]
 #[deny(missing_docs)]
 pub struct Config {
-    /// NATS server URL (env HISTORY_VIEW_NATS_URL; default nats://127.0.0.1:4222).
-    #[arg(long, env = "HISTORY_VIEW_NATS_URL", default_value = "nats://127.0.0.1:4222", value_parser = parse_nats_url)]
-    pub nats_url: String,
+    /// NATS server URL; may hold credentials, which are never printed (env HISTORY_VIEW_NATS_URL; default
+    /// nats://127.0.0.1:4222).
+    #[arg(long, env = "HISTORY_VIEW_NATS_URL", default_value = "nats://127.0.0.1:4222", hide_env_values = true, value_parser = secret)]
+    pub nats_url: Secret,
 
     /// Subject to subscribe to for display events (env HISTORY_VIEW_SUBJECT; default
     /// agent.*.*.*.*.*.display_event.*.*).
@@ -38,7 +44,7 @@ pub struct Config {
 
     /// MongoDB connection string; may hold credentials and is never logged (env HISTORY_VIEW_MONGODB_URI; default
     /// mongodb://127.0.0.1:27017).
-    #[arg(long, env = "HISTORY_VIEW_MONGODB_URI", default_value = "mongodb://127.0.0.1:27017", value_parser = parse_mongodb_uri, hide_default_value = false)]
+    #[arg(long, env = "HISTORY_VIEW_MONGODB_URI", default_value = "mongodb://127.0.0.1:27017", hide_env_values = true, value_parser = secret)]
     pub mongodb_uri: Secret,
 
     /// Database holding aihub's event collection (env HISTORY_VIEW_MONGODB_DATABASE; default aihub).
@@ -98,12 +104,32 @@ pub struct Config {
     #[arg(long = "persist-lag-ms", env = "HISTORY_VIEW_PERSIST_LAG_MS", default_value = "2000", value_parser = parse_millis_or_zero)]
     pub persist_lag: Duration,
 
+    /// HTTP connections served at once; beyond them a few more are accepted for the probes and /metrics only, and
+    /// the rest are closed (env HISTORY_VIEW_HTTP_MAX_CONNECTIONS; default 1024).
+    #[arg(long, env = "HISTORY_VIEW_HTTP_MAX_CONNECTIONS", default_value = "1024", value_parser = parse_connections)]
+    pub http_max_connections: usize,
+
+    /// History reads answered at once; a read beyond it answers 503 overloaded at once (env
+    /// HISTORY_VIEW_HTTP_MAX_IN_FLIGHT; default 256).
+    #[arg(long, env = "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT", default_value = "256", value_parser = parse_connections)]
+    pub http_max_in_flight: usize,
+
+    /// Seconds from a request's first byte to the end of its headers before the connection is closed (env
+    /// HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS; default 10).
+    #[arg(long, env = "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS", default_value = "10", value_parser = parse_secs)]
+    pub http_header_timeout: Duration,
+
+    /// Seconds a connection may stay open without a request before it is closed (env
+    /// HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS; default 60).
+    #[arg(long, env = "HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS", default_value = "60", value_parser = parse_secs)]
+    pub http_idle_timeout: Duration,
+
     /// Seconds allowed for draining in-flight requests on shutdown (env HISTORY_VIEW_SHUTDOWN_DRAIN_SECS; default 5).
     #[arg(long, env = "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS", default_value = "5", value_parser = parse_secs)]
     pub shutdown_drain_secs: Duration,
 
     /// Bearer token required on /v1/* when set; never logged (env HISTORY_VIEW_API_TOKEN; default: none).
-    #[arg(long, env = "HISTORY_VIEW_API_TOKEN", value_parser = parse_token)]
+    #[arg(long, env = "HISTORY_VIEW_API_TOKEN", hide_env_values = true, value_parser = secret)]
     pub api_token: Option<Secret>,
 
     /// Log format: json, text, or auto (text on a terminal, json otherwise) (env HISTORY_VIEW_LOG_FORMAT;
@@ -145,6 +171,62 @@ impl fmt::Debug for Secret {
 }
 
 impl Config {
+    /// The configuration from the command line and the environment; a bad value exits as clap does (status 2),
+    /// naming the setting.
+    pub fn load() -> Self {
+        Self::try_load_from(std::env::args_os()).unwrap_or_else(|error| error.exit())
+    }
+
+    /// Parses `args` (the program name first) and the environment, then checks the secret settings, whose
+    /// errors name the setting but never the value.
+    ///
+    /// # Errors
+    /// A value clap or a check refuses.
+    pub fn try_load_from<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let config = Self::try_parse_from(args)?;
+        let checks = [
+            (
+                "--nats-url (HISTORY_VIEW_NATS_URL)",
+                check_nats_url(&config.nats_url),
+            ),
+            (
+                "--mongodb-uri (HISTORY_VIEW_MONGODB_URI)",
+                check_mongodb_uri(&config.mongodb_uri),
+            ),
+            (
+                "--api-token (HISTORY_VIEW_API_TOKEN)",
+                config.api_token.as_ref().map_or(Ok(()), check_token),
+            ),
+        ];
+        for (setting, check) in checks {
+            if let Err(reason) = check {
+                return Err(Self::command().error(
+                    ErrorKind::ValueValidation,
+                    format!("invalid value for {setting}: {reason} (the value is not shown: it may hold credentials)"),
+                ));
+            }
+        }
+        Ok(config)
+    }
+
+    /// The limits of the HTTP accept loop.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: self.http_max_connections,
+            header_timeout: self.http_header_timeout,
+            idle_timeout: self.http_idle_timeout,
+        }
+    }
+
+    /// The NATS URL with any credentials replaced by `***`, for messages.
+    pub fn nats_url_for_display(&self) -> String {
+        redact_userinfo(self.nats_url.expose())
+    }
+
     /// The configured hydration index hint, or `None` when disabled.
     pub fn index_hint(&self) -> Option<&str> {
         Some(self.mongodb_index_hint.trim()).filter(|h| !h.is_empty())
@@ -173,11 +255,31 @@ impl Config {
     }
 }
 
-fn parse_nats_url(value: &str) -> Result<String, String> {
-    value
+/// Keeps a secret setting as given; it is checked after parsing so that clap never echoes it.
+fn secret(value: &str) -> Result<Secret, std::convert::Infallible> {
+    Ok(Secret::new(value))
+}
+
+fn check_nats_url(url: &Secret) -> Result<(), String> {
+    url.expose()
         .parse::<async_nats::ServerAddr>()
-        .map(|_| value.to_owned())
-        .map_err(|e| format!("not a NATS server address: {e}"))
+        .map(|_| ())
+        .map_err(|_| "not a NATS server address (nats://host:port)".to_owned())
+}
+
+/// `scheme://user:password@host...` with the user and password replaced by `***`.
+fn redact_userinfo(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest
+            .split('/')
+            .next()
+            .and_then(|authority| authority.rfind('@'))
+        {
+            Some(at) => format!("{scheme}://***{}", &rest[at..]),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
 }
 
 fn parse_subject(value: &str) -> Result<String, String> {
@@ -199,9 +301,10 @@ fn parse_subject(value: &str) -> Result<String, String> {
 
 /// Chosen: the driver is built without its DNS resolver (a large dependency tree for one lookup), so SRV
 /// connection strings are refused here, at start-up, rather than failing on first use.
-fn parse_mongodb_uri(value: &str) -> Result<Secret, String> {
+fn check_mongodb_uri(uri: &Secret) -> Result<(), String> {
+    let value = uri.expose();
     if value.starts_with("mongodb://") {
-        Ok(Secret::new(value))
+        Ok(())
     } else if value.starts_with("mongodb+srv://") {
         Err("mongodb+srv:// (SRV lookup) is not supported by this build; give the hosts as a mongodb:// seed list".into())
     } else {
@@ -217,11 +320,19 @@ fn parse_name(value: &str) -> Result<String, String> {
     }
 }
 
-fn parse_token(value: &str) -> Result<Secret, String> {
-    if value.trim().is_empty() {
+/// A token with whitespace or control characters (a trailing newline from a file, say) could never be presented
+/// in an `Authorization` header as it is: refused at start rather than refusing every request.
+fn check_token(token: &Secret) -> Result<(), String> {
+    let value = token.expose();
+    if value.is_empty() {
         Err("must not be empty when set (unset it to disable authentication)".into())
+    } else if value
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || !c.is_ascii())
+    {
+        Err("must be printable ASCII without whitespace (a trailing newline, for example)".into())
     } else {
-        Ok(Secret::new(value))
+        Ok(())
     }
 }
 
@@ -249,6 +360,13 @@ fn parse_thread_bytes(value: &str) -> Result<usize, String> {
     match parse_bytes(value)? {
         n if n < 64 << 10 => Err("must be at least 64KiB".into()),
         n => usize::try_from(n).map_err(|_| "is too large".to_owned()),
+    }
+}
+
+fn parse_connections(value: &str) -> Result<usize, String> {
+    match parse_capacity(value)? {
+        n if n > 1 << 20 => Err("must be at most 1048576".into()),
+        n => Ok(n),
     }
 }
 
@@ -301,7 +419,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Config, clap::Error> {
-        Config::try_parse_from(std::iter::once("chat-history-view").chain(args.iter().copied()))
+        Config::try_load_from(std::iter::once("chat-history-view").chain(args.iter().copied()))
     }
 
     #[test]
@@ -340,6 +458,31 @@ mod tests {
             let message = parse(args).unwrap_err().to_string();
             assert!(message.contains(setting), "{message}");
         }
+    }
+
+    #[test]
+    fn bad_secrets_fail_naming_the_setting_without_their_value() {
+        for (args, setting) in [
+            (
+                &["--mongodb-uri", "postgres://u:hunter2@x"][..],
+                "--mongodb-uri",
+            ),
+            (&["--nats-url", "nats://u:hunter2@a b"][..], "--nats-url"),
+            (&["--api-token", "hunter2\n"][..], "--api-token"),
+            (&["--api-token", "hunter2 x"][..], "--api-token"),
+            (&["--api-token", ""][..], "--api-token"),
+        ] {
+            let message = parse(args).unwrap_err().to_string();
+            assert!(message.contains(setting), "{message}");
+            assert!(!message.contains("hunter2"), "{message}");
+        }
+    }
+
+    #[test]
+    fn credentials_in_the_nats_url_are_redacted_for_display() {
+        assert_eq!(redact_userinfo("nats://u:pw@h:4222"), "nats://***@h:4222");
+        assert_eq!(redact_userinfo("nats://h:4222"), "nats://h:4222");
+        assert_eq!(redact_userinfo("tls://tok@h/x@y"), "tls://***@h/x@y");
     }
 
     #[test]

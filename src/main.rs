@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use chat_history_view::config::Config;
 use chat_history_view::startup::Application;
 use chat_history_view::{shutdown, telemetry};
-use clap::Parser;
 
 /// Chosen: jemalloc, with a background thread returning freed pages to the system after a second (its settings are
 /// in `.cargo/config.toml`). Under glibc's malloc, the memory of large store reads stayed resident after they ended
@@ -16,7 +15,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = Config::parse();
+    let config = Config::load();
     telemetry::init(config.log_format, std::io::stdout);
     let result = async {
         let application = Application::build(config).await?;

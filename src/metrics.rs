@@ -124,6 +124,24 @@ impl Source {
     }
 }
 
+/// Why the HTTP server turned a client away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpRefusal {
+    /// A connection beyond `HISTORY_VIEW_HTTP_MAX_CONNECTIONS` (served the probes only, or closed).
+    Connections,
+    /// A read beyond `HISTORY_VIEW_HTTP_MAX_IN_FLIGHT` (answered 503).
+    InFlight,
+}
+
+/// Which timeout closed an HTTP connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpTimeout {
+    /// A request's headers did not arrive within `HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS`.
+    Header,
+    /// No request for `HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS`.
+    Idle,
+}
+
 /// Where `HISTORY_VIEW_MAX_THREAD_BYTES` stopped a thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitPath {
@@ -189,6 +207,9 @@ struct Inner {
     markers_skipped: IntCounter,
     hydration_slot_timeouts: IntCounter,
     thread_limit_exceeded: IntCounterVec,
+    http_connections: IntGauge,
+    http_refused: IntCounterVec,
+    http_timeouts: IntCounterVec,
     malformed_warnings: IntCounter,
     rereads: IntCounterVec,
     persister_lag_seconds: prometheus::Histogram,
@@ -342,6 +363,30 @@ impl Metrics {
                      within the store timeout and answered 503",
                 ),
             ),
+            http_connections: reg(
+                &registry,
+                IntGauge::new("history_view_http_connections", "Open HTTP connections")
+                    .expect("valid metric"),
+            ),
+            http_refused: reg(
+                &registry,
+                counter_vec(
+                    "history_view_http_refused_total",
+                    "Clients turned away: connections beyond HISTORY_VIEW_HTTP_MAX_CONNECTIONS (reason=connections; \
+                     served the probes and /metrics only, or closed) and reads beyond HISTORY_VIEW_HTTP_MAX_IN_FLIGHT \
+                     (reason=in_flight; answered 503)",
+                    &["reason"],
+                ),
+            ),
+            http_timeouts: reg(
+                &registry,
+                counter_vec(
+                    "history_view_http_timeouts_total",
+                    "HTTP connections closed because a request's headers were too slow (kind=header) or no request \
+                     came (kind=idle)",
+                    &["kind"],
+                ),
+            ),
             thread_limit_exceeded: reg(
                 &registry,
                 counter_vec(
@@ -407,6 +452,26 @@ impl Metrics {
 
     pub fn hydration_slot_timeout(&self) {
         self.inner.hydration_slot_timeouts.inc();
+    }
+    pub fn http_connection_opened(&self) {
+        self.inner.http_connections.inc();
+    }
+    pub fn http_connection_closed(&self) {
+        self.inner.http_connections.dec();
+    }
+    pub fn http_refused(&self, reason: HttpRefusal) {
+        let label = match reason {
+            HttpRefusal::Connections => "connections",
+            HttpRefusal::InFlight => "in_flight",
+        };
+        self.inner.http_refused.with_label_values(&[label]).inc();
+    }
+    pub fn http_timeout(&self, kind: HttpTimeout) {
+        let label = match kind {
+            HttpTimeout::Header => "header",
+            HttpTimeout::Idle => "idle",
+        };
+        self.inner.http_timeouts.with_label_values(&[label]).inc();
     }
     pub fn thread_limit_exceeded(&self, path: LimitPath) {
         self.inner

@@ -1,13 +1,13 @@
 //! `Application`: connects, binds and spawns everything (`build`), then runs until a shutdown signal
 //! (`run_until_stopped`): stop intake, let in-flight reads finish, exit within the drain deadline.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context;
 use axum::body::Bytes;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -15,7 +15,7 @@ use crate::cache::Views;
 use crate::config::Config;
 use crate::coverage::Coverage;
 use crate::health::Readiness;
-use crate::http::{AppState, router};
+use crate::http::{AppState, TokenDigest, accept_loop, reserve_router, router};
 use crate::ingest::{self, Ingest, ProbeSubscription};
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -83,10 +83,13 @@ impl Application {
                 ingest::on_connection_event(&callback_coverage, &events_tx, event);
                 std::future::ready(())
             })
-            .connect(config.nats_url.as_str())
+            .connect(config.nats_url.expose())
             .await
             .with_context(|| {
-                format!("cannot connect to NATS at {} (--nats-url)", config.nats_url)
+                format!(
+                    "cannot connect to NATS at {} (--nats-url)",
+                    config.nats_url_for_display()
+                )
             })?;
         let subscriber = nats
             .subscribe(config.subject.clone())
@@ -103,7 +106,8 @@ impl Application {
             views,
             metrics,
             readiness,
-            api_token: config.api_token.clone().map(Arc::new),
+            api_token: config.api_token.as_ref().map(TokenDigest::new),
+            reads: Arc::new(Semaphore::new(config.http_max_in_flight)),
             openapi: openapi_json()?,
         };
         Ok(Self {
@@ -169,10 +173,17 @@ impl Application {
         );
         let mut ingest_task = tracker.spawn(ingest.run(subscriber, stop.clone()));
         let state_views = state.views.clone();
-        let server = axum::serve(listener, router(state))
-            .with_graceful_shutdown(stop.clone().cancelled_owned())
-            .into_future();
-        let mut server_task = tokio::spawn(server);
+        let reads = state.clone();
+        let connections = TaskTracker::new();
+        let mut server_task = tokio::spawn(accept_loop(
+            listener,
+            router(state.clone()),
+            reserve_router(state.clone()),
+            config.connection_limits(),
+            state.metrics.clone(),
+            connections.clone(),
+            stop.clone(),
+        ));
         tracing::info!(address = %address, subject = %config.subject, "chat-history-view started");
 
         let outcome = tokio::select! {
@@ -182,8 +193,7 @@ impl Application {
                 Err(join) => Err(anyhow::Error::new(join).context("the ingest task failed")),
             },
             result = &mut server_task => match result {
-                Ok(Ok(())) => Err(anyhow::anyhow!("the HTTP server stopped")),
-                Ok(Err(io)) => Err(anyhow::Error::new(io).context("the HTTP server failed")),
+                Ok(()) => Err(anyhow::anyhow!("the HTTP server stopped")),
                 Err(join) => Err(anyhow::Error::new(join).context("the HTTP server task failed")),
             },
         };
@@ -194,11 +204,25 @@ impl Application {
         tracker.close();
         let drained = tokio::time::timeout(config.shutdown_drain_secs, async {
             let _ = (&mut server_task).await;
+            // Idle keep-alive connections close at once; the others after their request.
+            connections.close();
+            connections.wait().await;
             tracker.wait().await;
         })
         .await;
         if drained.is_err() {
-            tracing::warn!("drain deadline passed; exiting with work in flight");
+            let in_flight = reads.reads_in_flight(config.http_max_in_flight);
+            if in_flight > 0 {
+                tracing::warn!(
+                    reads_in_flight = in_flight,
+                    "drain deadline passed; exiting with reads in flight"
+                );
+            } else {
+                tracing::info!(
+                    connections = connections.len(),
+                    "drain deadline passed; closing connections that sent no complete request"
+                );
+            }
             server_task.abort();
         }
         // Flush nothing (the worker publishes nothing); just close the connection.

@@ -1,4 +1,6 @@
 //! Logging: one `tracing` subscriber, JSON or text, filtered by `RUST_LOG` (default `info`), installed once.
+//! Whatever `RUST_LOG` says, the NATS client's connector logs at info at most: its debug events print the server
+//! address with its credentials.
 
 use std::io::IsTerminal;
 
@@ -13,7 +15,13 @@ pub fn init<W>(format: LogFormat, sink: W) -> bool
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .add_directive(
+            "async_nats::connector=info"
+                .parse()
+                .expect("a valid directive"),
+        );
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Text => false,

@@ -28,6 +28,9 @@ pub enum ApiError {
         "the thread's history exceeds this service's per-thread limit of {limit} bytes (HISTORY_VIEW_MAX_THREAD_BYTES)"
     )]
     ThreadTooLarge { limit: usize },
+    /// Too many connections or reads at once; retry shortly.
+    #[error("the service is busy; try again")]
+    Overloaded,
     #[error("no such resource")]
     NotFound,
 }
@@ -46,6 +49,7 @@ impl ApiError {
             ApiError::ThreadTooLarge { .. } => {
                 (StatusCode::INSUFFICIENT_STORAGE, "thread_too_large")
             }
+            ApiError::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
         }
     }
@@ -91,7 +95,7 @@ impl IntoResponse for ApiError {
             ApiError::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            ApiError::StoreUnavailable(_) => {
+            ApiError::StoreUnavailable(_) | ApiError::Overloaded => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}

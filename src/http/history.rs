@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use md5::{Digest, Md5};
@@ -17,7 +17,8 @@ use crate::project::Identity;
 /// Longest accepted thread id, in bytes.
 pub const MAX_THREAD_ID_BYTES: usize = 256;
 
-/// A thread id that can be a NATS subject token: non-empty, at most 256 bytes, no `.`, `*`, `>` or whitespace.
+/// A thread id that can be a NATS subject token: non-empty, at most 256 bytes, no `.`, `*`, `>`, whitespace or
+/// control characters (`%00` included).
 /// It is otherwise opaque and goes into store queries only as a string value, never as query syntax.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ThreadId(String);
@@ -35,6 +36,11 @@ impl ThreadId {
         if id.contains(['.', '*', '>']) || id.contains(char::is_whitespace) {
             return Err(ApiError::InvalidThreadId(
                 "must not contain '.', '*', '>' or whitespace",
+            ));
+        }
+        if id.contains(char::is_control) {
+            return Err(ApiError::InvalidThreadId(
+                "must not contain control characters",
             ));
         }
         Ok(Self(id))
@@ -84,11 +90,13 @@ impl HistoryQuery {
 pub async fn get_history(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
+    RawQuery(raw_query): RawQuery,
     query: Result<Query<HistoryQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let Path(raw_id) = path.map_err(|_| ApiError::InvalidThreadId("is not valid UTF-8"))?;
+    check_query(raw_query.as_deref())?;
     let Query(query) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
     let mut thread_id = ThreadId::parse(raw_id)?;
     if query.canonicalize {
@@ -102,6 +110,22 @@ pub async fn get_history(
         .map_err(|error| ApiError::from_read(error, thread_id.as_str()))?;
     state.metrics.read(answer.source, started.elapsed());
     Ok(respond(answer, &headers))
+}
+
+/// Refuses a query string whose names or values do not percent-decode to UTF-8 (the form decoder behind `Query`
+/// would replace such bytes silently) or decode to control characters.
+fn check_query(raw: Option<&str>) -> Result<(), ApiError> {
+    for piece in raw.unwrap_or_default().split(['&', '=']) {
+        let decoded = percent_encoding::percent_decode_str(piece)
+            .decode_utf8()
+            .map_err(|_| ApiError::InvalidQuery("a parameter is not valid UTF-8".into()))?;
+        if decoded.contains(char::is_control) {
+            return Err(ApiError::InvalidQuery(
+                "a parameter contains control characters".into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether an `If-None-Match` header matches the ETag (weak comparison, `*` matches anything).
@@ -147,7 +171,18 @@ mod tests {
 
     #[test]
     fn thread_ids_that_cannot_be_subject_tokens_are_rejected() {
-        for bad in ["", "a.b", "a*", "a>b", "a b", "a\tb", &"x".repeat(257)] {
+        for bad in [
+            "",
+            "a.b",
+            "a*",
+            "a>b",
+            "a b",
+            "a\tb",
+            "a\0b",
+            "a\u{7f}b",
+            "a\u{85}b",
+            &"x".repeat(257),
+        ] {
             assert!(ThreadId::parse(bad.to_owned()).is_err(), "{bad:?}");
         }
         for good in [
@@ -157,6 +192,26 @@ mod tests {
             &"x".repeat(256),
         ] {
             assert!(ThreadId::parse(good.to_owned()).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn query_strings_must_decode_to_utf8_without_control_characters() {
+        for good in [
+            None,
+            Some(""),
+            Some("agent_class=Agent%20A&agent_id=%C3%A9"),
+            Some("canonicalize=true"),
+        ] {
+            assert!(check_query(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "agent_class=%FF&agent_id=a",
+            "agent_class=a%00&agent_id=a",
+            "%FF=1",
+            "agent_id=%0A",
+        ] {
+            assert!(check_query(Some(bad)).is_err(), "{bad}");
         }
     }
 

@@ -4,6 +4,7 @@
 mod error;
 mod health;
 mod history;
+mod serve;
 
 use std::sync::Arc;
 
@@ -12,16 +13,19 @@ use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::{MethodRouter, get};
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tokio::sync::Semaphore;
 
 pub use error::ApiError;
 pub use history::{ThreadId, canonical_object_id};
+pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
 
 use crate::cache::Views;
 use crate::config::Secret;
 use crate::health::Readiness;
-use crate::metrics::Metrics;
+use crate::metrics::{HttpRefusal, Metrics};
 
 /// What every handler may use. Cloning is cheap.
 #[derive(Clone)]
@@ -30,30 +34,107 @@ pub struct AppState {
     pub metrics: Metrics,
     pub readiness: Readiness,
     /// When set, `/v1/*` requires `Authorization: Bearer <token>`.
-    pub api_token: Option<Arc<Secret>>,
+    pub api_token: Option<TokenDigest>,
     /// The OpenAPI document as JSON, served at `/openapi.json`.
     pub openapi: Bytes,
+    /// One permit per history read answered at once (`HISTORY_VIEW_HTTP_MAX_IN_FLIGHT`).
+    pub reads: Arc<Semaphore>,
 }
 
+impl AppState {
+    /// History reads being answered now.
+    pub fn reads_in_flight(&self, max: usize) -> usize {
+        max.saturating_sub(self.reads.available_permits())
+    }
+}
+
+/// The whole API: the history reads (token and in-flight limit checked) and the operations endpoints.
 pub fn router(state: AppState) -> Router {
+    router_with(state, get(history::get_history))
+}
+
+/// [`router`] with `history` answering the history reads, behind the same middleware (the benchmark measures its
+/// ceiling with a handler that returns a fixed body).
+pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
     let api = Router::new()
-        .route("/v1/threads/{thread_id}/history", get(history::get_history))
+        .route("/v1/threads/{thread_id}/history", history)
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            limit_in_flight,
+        ))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    Router::new()
-        .merge(api)
+    operations(Router::new().merge(api))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// What a connection beyond the cap may reach: the probes, `/metrics` and the OpenAPI document; anything else
+/// answers 503 overloaded.
+pub fn reserve_router(state: AppState) -> Router {
+    operations(Router::new())
+        .fallback(overloaded)
+        .with_state(state)
+}
+
+fn operations(router: Router<AppState>) -> Router<AppState> {
+    router
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .route("/openapi.json", get(health::openapi))
-        .fallback(not_found)
-        .with_state(state)
 }
 
 async fn not_found() -> ApiError {
     ApiError::NotFound
 }
 
-/// Checks the bearer token in constant time when one is configured.
+async fn overloaded() -> ApiError {
+    ApiError::Overloaded
+}
+
+/// Answers 503 at once when `HISTORY_VIEW_HTTP_MAX_IN_FLIGHT` reads are being answered (a queue would only make
+/// every reader late).
+async fn limit_in_flight(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let Ok(_permit) = state.reads.try_acquire() else {
+        state.metrics.http_refused(HttpRefusal::InFlight);
+        return Err(ApiError::Overloaded);
+    };
+    Ok(next.run(request).await)
+}
+
+/// The configured API token, kept only as its SHA-256 digest: a presented token is hashed and the digests are
+/// compared in constant time, so the timing shows neither the token's bytes nor its length.
+#[derive(Clone)]
+pub struct TokenDigest([u8; 32]);
+
+impl TokenDigest {
+    pub fn new(token: &Secret) -> Self {
+        Self(Sha256::digest(token.expose().as_bytes()).into())
+    }
+
+    fn matches(&self, presented: &[u8]) -> bool {
+        let presented: [u8; 32] = Sha256::digest(presented).into();
+        bool::from(presented.ct_eq(&self.0))
+    }
+}
+
+/// The token of an `Authorization` header value: the `Bearer` scheme in any case (RFC 9110: schemes are
+/// case-insensitive), then one or more spaces.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|&b| b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    let start = rest.iter().position(|&b| b != b' ')?;
+    Some(&rest[start..])
+}
+
+/// Checks the bearer token when one is configured.
 async fn require_token(
     State(state): State<AppState>,
     request: Request,
@@ -63,12 +144,35 @@ async fn require_token(
         let presented = request
             .headers()
             .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !bool::from(presented.as_bytes().ct_eq(expected.expose().as_bytes())) {
+            .and_then(|v| bearer_token(v.as_bytes()));
+        if !presented.is_some_and(|token| expected.matches(token)) {
             return Err(ApiError::Unauthorized);
         }
     }
     Ok(next.run(request).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_the_token_exact() {
+        let digest = TokenDigest::new(&Secret::new("s3cret"));
+        for accepted in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret"] {
+            let token = bearer_token(accepted.as_bytes());
+            assert!(token.is_some_and(|t| digest.matches(t)), "{accepted}");
+        }
+        for refused in [
+            "Bearer s3cre",
+            "Bearer s3cret2",
+            "Bearer ",
+            "Bearers3cret",
+            "Basic s3cret",
+            "s3cret",
+        ] {
+            let token = bearer_token(refused.as_bytes());
+            assert!(!token.is_some_and(|t| digest.matches(t)), "{refused}");
+        }
+    }
 }

@@ -60,6 +60,17 @@ async fn bad_thread_ids_and_half_identities_are_400_with_json_errors() {
         ("/v1/threads/a%20b/history".to_owned(), "invalid_thread_id"),
         ("/v1/threads/a%09b/history".to_owned(), "invalid_thread_id"),
         ("/v1/threads/a%FFb/history".to_owned(), "invalid_thread_id"),
+        ("/v1/threads/a%00b/history".to_owned(), "invalid_thread_id"),
+        ("/v1/threads/a%1Bb/history".to_owned(), "invalid_thread_id"),
+        ("/v1/threads/a%7Fb/history".to_owned(), "invalid_thread_id"),
+        (
+            "/v1/threads/t/history?agent_class=%FF&agent_id=a".to_owned(),
+            "invalid_query",
+        ),
+        (
+            "/v1/threads/t/history?agent_class=A%00&agent_id=a".to_owned(),
+            "invalid_query",
+        ),
         (
             "/v1/threads/t/history?agent_class=A".to_owned(),
             "incomplete_identity",
@@ -100,6 +111,9 @@ async fn a_configured_token_is_required_on_the_read_api_only() {
     for headers in [
         &[][..],
         &[("authorization", "Bearer wrong")][..],
+        &[("authorization", "Bearer s3cret2")][..],
+        &[("authorization", "Bearer s3cre")][..],
+        &[("authorization", "Basic s3cret")][..],
         &[("authorization", "s3cret")][..],
     ] {
         let reply = app.api.get(path, headers).await;
@@ -107,11 +121,15 @@ async fn a_configured_token_is_required_on_the_read_api_only() {
         assert_eq!(reply.json()["error"]["code"], "unauthorized");
         assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
     }
-    let reply = app
-        .api
-        .get(path, &[("authorization", "Bearer s3cret")])
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.body);
+    // The scheme is case-insensitive (RFC 9110).
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let authorization = format!("{scheme} s3cret");
+        let reply = app
+            .api
+            .get(path, &[("authorization", authorization.as_str())])
+            .await;
+        assert_eq!(reply.status, 200, "{scheme}: {}", reply.body);
+    }
     for open in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
         assert_eq!(app.api.get(open, &[]).await.status, 200, "{open}");
     }

@@ -20,6 +20,8 @@ mod scrape;
 mod store;
 // The HTTP contract.
 mod http;
+// HTTP hardening: timeouts, connection and in-flight caps, secrets never printed.
+mod hardening;
 // The live path: read-after-publish, convergence, gaps, shared hydration, warnings, memory.
 mod live;
 // A TCP proxy that tests cut, to lose a link for certain.

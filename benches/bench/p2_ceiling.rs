@@ -1,0 +1,144 @@
+//! P2's ceiling: the worker's own HTTP stack (accept loop, router, token and in-flight middleware, limits) with a
+//! history handler that returns the same pre-serialized body and headers without touching the cache. It runs on a
+//! runtime of its own (as many threads as the worker's), in the bench process, so the cached read can be compared
+//! with what the HTTP layer alone achieves on the same machine in the same run.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{HeaderValue, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use chat_history_view::cache::Views;
+use chat_history_view::config::Config;
+use chat_history_view::coverage::Coverage;
+use chat_history_view::health::Readiness;
+use chat_history_view::http::{AppState, accept_loop, reserve_router, router_with};
+use chat_history_view::metrics::Metrics;
+use chat_history_view::startup::openapi_json;
+use chat_history_view::store::Store;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A running ceiling server; dropping it stops it.
+pub struct Ceiling {
+    pub base_url: String,
+    stop: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Ceiling {
+    /// Serves `body` with `etag` at `/v1/threads/{any}/history` on 127.0.0.1, with the worker's default limits.
+    pub fn start(mongo_uri: &str, body: Bytes, etag: String) -> Self {
+        let config = Config::try_load_from([
+            "ceiling",
+            "--mongodb-uri",
+            mongo_uri,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .expect("the ceiling's settings parse");
+        let stop = CancellationToken::new();
+        let (address_tx, address_rx) = std::sync::mpsc::channel();
+        let thread_stop = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
+                .enable_all()
+                .build()
+                .expect("the ceiling's runtime");
+            runtime.block_on(serve(config, body, etag, address_tx, thread_stop));
+        });
+        let address = address_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the ceiling listens");
+        Self {
+            base_url: format!("http://{address}"),
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Ceiling {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn serve(
+    config: Config,
+    body: Bytes,
+    etag: String,
+    address: std::sync::mpsc::Sender<std::net::SocketAddr>,
+    stop: CancellationToken,
+) {
+    let metrics = Metrics::new();
+    let coverage = Coverage::new(config.persist_lag);
+    // The store is never asked: the client connects lazily.
+    let store = Store::connect(
+        config.mongodb_uri.expose(),
+        config.store_settings(),
+        metrics.clone(),
+    )
+    .await
+    .expect("a store client");
+    let views = Views::new(
+        store,
+        metrics.clone(),
+        coverage.clone(),
+        config.cache_max_bytes,
+        config.cache_idle_secs,
+        config.max_concurrent_hydrations,
+    );
+    let state = AppState {
+        views,
+        metrics: metrics.clone(),
+        readiness: Readiness::new(coverage),
+        api_token: None,
+        openapi: openapi_json().expect("the OpenAPI document"),
+        reads: Arc::new(tokio::sync::Semaphore::new(config.http_max_in_flight)),
+    };
+    let etag = HeaderValue::from_str(&etag).expect("an ETag header value");
+    let fixed = get(move || {
+        let (body, etag) = (body.clone(), etag.clone());
+        async move {
+            (
+                [
+                    (
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    ),
+                    (header::ETAG, etag),
+                    (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+                    (
+                        header::HeaderName::from_static("x-history-source"),
+                        HeaderValue::from_static("cache"),
+                    ),
+                ],
+                body,
+            )
+                .into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .expect("the ceiling binds");
+    address
+        .send(listener.local_addr().expect("a local address"))
+        .expect("the bench waits for the address");
+    accept_loop(
+        listener,
+        router_with(state.clone(), fixed),
+        reserve_router(state),
+        config.connection_limits(),
+        metrics,
+        TaskTracker::new(),
+        stop,
+    )
+    .await;
+}
