@@ -134,6 +134,7 @@ EXPECTED_ENV = {
     "HISTORY_VIEW_MAX_THREAD_BYTES",
     "HISTORY_VIEW_HTTP_MAX_CONNECTIONS",
     "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT",
+    "HISTORY_VIEW_NATS_PING_INTERVAL_SECS",
     "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS",
     "HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS",
     "HISTORY_VIEW_PERSIST_LAG_MS",
@@ -337,6 +338,7 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         ("HISTORY_VIEW_MAX_THREAD_BYTES", "maxThreadBytes"),
         ("HISTORY_VIEW_HTTP_MAX_CONNECTIONS", "httpMaxConnections"),
         ("HISTORY_VIEW_HTTP_MAX_IN_FLIGHT", "httpMaxInFlight"),
+        ("HISTORY_VIEW_NATS_PING_INTERVAL_SECS", "natsPingIntervalSecs"),
         ("HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS", "httpHeaderTimeoutSecs"),
         ("HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS", "httpIdleTimeoutSecs"),
     ]:

@@ -42,6 +42,12 @@ pub struct Config {
     #[arg(long, env = "HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY", default_value = "65536", value_parser = parse_capacity)]
     pub nats_subscription_capacity: usize,
 
+    /// Seconds between the NATS client's pings; the client gives up on a server that leaves two pings unanswered,
+    /// so a frozen server or a half-open link is noticed about three intervals after its last answer, and every
+    /// view is downgraded (env HISTORY_VIEW_NATS_PING_INTERVAL_SECS; default 4).
+    #[arg(long, env = "HISTORY_VIEW_NATS_PING_INTERVAL_SECS", default_value = "4", value_parser = parse_secs)]
+    pub nats_ping_interval: Duration,
+
     /// MongoDB connection string; may hold credentials and is never logged (env HISTORY_VIEW_MONGODB_URI; default
     /// mongodb://127.0.0.1:27017).
     #[arg(long, env = "HISTORY_VIEW_MONGODB_URI", default_value = "mongodb://127.0.0.1:27017", hide_env_values = true, value_parser = secret)]
@@ -433,6 +439,7 @@ mod tests {
         assert_eq!(config.store_timeout_ms, Duration::from_millis(2000));
         assert_eq!(config.shutdown_drain_secs, Duration::from_secs(5));
         assert_eq!(config.persist_lag, Duration::from_millis(2000));
+        assert_eq!(config.nats_ping_interval, Duration::from_secs(4));
         assert_eq!(config.listen.port(), 8080);
         assert!(config.api_token.is_none());
     }
@@ -454,6 +461,10 @@ mod tests {
             (&["--persist-lag-ms=-1"][..], "--persist-lag-ms"),
             (&["--persist-lag-ms", "2s"][..], "--persist-lag-ms"),
             (&["--max-thread-bytes", "1KiB"][..], "--max-thread-bytes"),
+            (
+                &["--nats-ping-interval-secs", "0"][..],
+                "--nats-ping-interval-secs",
+            ),
         ] {
             let message = parse(args).unwrap_err().to_string();
             assert!(message.contains(setting), "{message}");

@@ -79,6 +79,8 @@ impl Application {
             .name("chat-history-view")
             .retry_on_initial_connect()
             .subscription_capacity(config.nats_subscription_capacity)
+            // The default (60 s) left a frozen server or a half-open link unnoticed for about three minutes.
+            .ping_interval(config.nats_ping_interval)
             .event_callback(move |event| {
                 ingest::on_connection_event(&callback_coverage, &events_tx, event);
                 std::future::ready(())

@@ -42,6 +42,8 @@ mod hostile;
 mod limits;
 // Resident memory of a process (shared with the benchmark).
 mod process_memory;
+// NATS liveness: a frozen server and a half-open link are noticed within 15 s.
+mod liveness;
 // Graceful shutdown.
 mod shutdown;
 // Metrics and readiness.

@@ -209,6 +209,16 @@ impl NatsServer {
     pub fn restart(&mut self) {
         self.process.restart();
     }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered, not even a ping.
+    pub fn pause(&self) {
+        self.process.signal("-STOP");
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.process.signal("-CONT");
+    }
 }
 
 /// A SecantusDB server (MongoDB wire protocol) on 127.0.0.1 with in-memory storage.
