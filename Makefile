@@ -6,6 +6,9 @@
 #   make services-status  show whether they run
 #   make test             fmt, clippy, release build, tests (with NATS_URL/MONGODB_URI), chart check
 #   make run              the service against the local servers (or scripts/demo.sh)
+#   make soak             overlapping faults under load on the release worker, 5 cycles over 200 threads (SOAK_SECS,
+#                         SOAK_THREADS; tests/api/soak.rs); a one-cycle version runs in `make test`
+#   make fuzz             the decoders' fuzz targets, 60 s each (FUZZ_SECS, FUZZ_RUNS, FUZZ_TARGETS: scripts/fuzz.sh)
 #   make bench            the performance targets (worker.md section 7): installs the servers, builds the
 #                         release binary, runs benches/bench.rs (it starts its own servers and workers)
 #
@@ -30,7 +33,7 @@ $(SERVICES) up --started-file "$$started" >&2; \
 eval "$$($(SERVICES) env)"
 endef
 
-.PHONY: services-up services-down services-status test run bench
+.PHONY: services-up services-down services-status test run bench fuzz soak
 
 services-up:
 	@$(SERVICES) up
@@ -72,3 +75,14 @@ bench:
 	cargo build --release --bin chat-history-view; \
 	echo "==> cargo bench --bench bench" >&2; \
 	cargo bench --bench bench
+
+fuzz:
+	@scripts/fuzz.sh
+
+soak:
+	@$(SERVICES) install >&2; \
+	echo "==> cargo build --release --bin chat-history-view" >&2; \
+	cargo build --release --bin chat-history-view; \
+	echo "==> soak: SOAK_SECS=$${SOAK_SECS:-300} SOAK_THREADS=$${SOAK_THREADS:-200}" >&2; \
+	SOAK_SECS="$${SOAK_SECS:-300}" SOAK_THREADS="$${SOAK_THREADS:-200}" \
+		cargo test --test api soak:: -- --nocapture

@@ -386,6 +386,40 @@ fn json_families(raw: &RawValue) -> Families {
     families
 }
 
+/// The deepest document MongoDB stores: 100 levels, each document or array adding one, the row itself the first
+/// and its `event_data` (the payload) the second. aihub's persister cannot store a payload nested deeper, so no
+/// history ever holds such an event, and the live path drops it too (else a view would hold an event the store
+/// can never have). Chosen: MongoDB's documented limit; FerretDB, aihub's production backend, documents none, and
+/// a lower limit there would only drop fewer events than the store does for payloads no agent produces.
+const MAX_STORED_DEPTH: usize = 100;
+
+/// How deeply a JSON text nests arrays and objects (the payload object itself is 1); brackets inside strings do
+/// not count.
+fn nesting_depth(json: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &byte in json {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 fn parse_raw(raw: Option<&RawValue>) -> Option<Value> {
     // A RawValue is already valid JSON, so this only fails past serde_json's nesting limit; treat that as absent.
     raw.and_then(|r| serde_json::from_str(r.get()).ok())
@@ -416,6 +450,9 @@ pub fn decode_payload(key: DeliveryKey, payload: &[u8]) -> Result<Decoded, Decod
     let Some(branch) = Branch::classify(&key, families) else {
         return Ok(Decoded::Irrelevant);
     };
+    if nesting_depth(payload) + 1 > MAX_STORED_DEPTH {
+        return Ok(Decoded::Irrelevant);
+    }
     let field = branch.field().and_then(|name| parse_raw(head.field(name)));
     let created_at = created_at(parse_raw(head.created_at).as_ref());
     Ok(Decoded::Event(ViewEvent {
@@ -854,6 +891,21 @@ mod tests {
             Decoded::Event(e) => e.body,
             Decoded::Irrelevant => panic!("expected a relevant event"),
         }
+    }
+
+    #[test]
+    fn a_payload_nested_deeper_than_the_store_keeps_is_dropped() {
+        // `k` nested arrays under output_messages: the payload nests k + 1 deep, its row k + 2.
+        let stop = |k: usize| {
+            let field = format!("{}{}", "[".repeat(k), "]".repeat(k));
+            format!(
+                r#"{{"_parent_event_names": ["StopEvent"], "created_at": 1, "note": "[[[[{{", "output_messages": {field}}}"#
+            )
+        };
+        let decode = |k: usize| decode_payload(key("A", "StopEvent"), stop(k).as_bytes()).unwrap();
+        assert!(matches!(decode(MAX_STORED_DEPTH - 2), Decoded::Event(_)));
+        assert_eq!(decode(MAX_STORED_DEPTH - 1), Decoded::Irrelevant);
+        assert_eq!(nesting_depth(br#"{"a": "[{\"[", "b": [{}]}"#), 3);
     }
 
     fn audio(value: Value, format: Value) -> Value {

@@ -102,6 +102,17 @@ impl DeliveryKey {
         Ok(Self::from_fields(fields))
     }
 
+    /// The subject this key was delivered on: the inverse of [`DeliveryKey::parse_subject`] for a complete key.
+    pub fn to_subject(&self) -> String {
+        let mut subject = String::with_capacity(self.buf.len() + 14);
+        subject.push_str("agent");
+        for field in self.fields() {
+            subject.push('.');
+            subject.push_str(field);
+        }
+        subject
+    }
+
     fn field(&self, i: usize) -> &str {
         let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
         &self.buf[start..self.ends[i] as usize]
@@ -178,10 +189,9 @@ mod tests {
 
     #[test]
     fn a_display_event_subject_becomes_its_delivery_key() {
-        let key = DeliveryKey::parse_subject(
-            "agent.myclass.myid.thread123.displayA.run45.display_event.some_event.789",
-        )
-        .unwrap();
+        let subject = "agent.myclass.myid.thread123.displayA.run45.display_event.some_event.789";
+        let key = DeliveryKey::parse_subject(subject).unwrap();
+        assert_eq!(key.to_subject(), subject);
         assert_eq!(
             key.fields(),
             [

@@ -44,6 +44,10 @@ mod limits;
 mod process_memory;
 // NATS liveness: a frozen server and a half-open link are noticed within 15 s.
 mod liveness;
+// The fuzz targets' checks over their committed corpus (and the seeds it grew from).
+mod fuzz_corpus;
+// Overlapping faults under load: nothing lost, recovery by itself (SOAK_SECS; `make soak`).
+mod soak;
 // Graceful shutdown.
 mod shutdown;
 // Metrics and readiness.

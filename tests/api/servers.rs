@@ -221,15 +221,26 @@ impl NatsServer {
     }
 }
 
-/// A SecantusDB server (MongoDB wire protocol) on 127.0.0.1 with in-memory storage.
+/// A SecantusDB server (MongoDB wire protocol) on 127.0.0.1.
 pub struct MongoServer {
     process: Process,
 }
 
 impl MongoServer {
+    /// A server keeping its data in memory (gone on restart).
     pub fn start() -> Self {
+        Self::start_with_storage(None)
+    }
+
+    /// A server keeping its data in files of its own directory, so a restart keeps it.
+    pub fn start_on_disk() -> Self {
+        Self::start_with_storage(Some("data"))
+    }
+
+    fn start_with_storage(directory: Option<&str>) -> Self {
         let port = free_port();
         let dir = temp_dir("mongo");
+        let storage = directory.map_or(":memory:".into(), |d| dir.join(d).display().to_string());
         // An explicit, empty config file keeps the server from picking up a secantusd.toml of the machine.
         std::fs::write(dir.join("secantusd.toml"), "").expect("empty server config");
         let command = vec![
@@ -239,7 +250,7 @@ impl MongoServer {
             "--port".into(),
             port.to_string(),
             "--storage-path".into(),
-            ":memory:".into(),
+            storage,
             "--log-level".into(),
             "WARNING".into(),
             "--config".into(),
@@ -271,7 +282,7 @@ impl MongoServer {
         self.process.signal("-CONT");
     }
 
-    /// Starts the server again on the same port (after `stop`); in-memory data is gone.
+    /// Starts the server again on the same port (after `stop`); in-memory data is gone, on-disk data stays.
     pub fn restart(&mut self) {
         self.process.restart();
     }
