@@ -7,21 +7,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::helpers::{Api, chunk_row, publish_rows, turns, user_row};
+use crate::helpers::{Api, chunk_row, publish_rows, turns};
 use crate::proxy::Proxy;
-use crate::scene::{Scene, messages, now_ns, read_until_cache};
+use crate::scene::{Scene, messages, now_ns};
 
 /// How soon a dead link must be noticed (about three ping intervals, with room for a loaded machine).
 const NOTICED_WITHIN: Duration = Duration::from_secs(15);
-
-/// Persists a first user turn of `thread` and reads it until the worker serves it from memory.
-async fn warm(scene: &Scene, api: &Api, thread: &str) {
-    scene
-        .store
-        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
-        .await;
-    read_until_cache(api, thread, "").await;
-}
 
 /// Waits until `/readyz` answers 503 with NATS named as the failing check; panics after [`NOTICED_WITHIN`] from
 /// `since`.
@@ -79,7 +70,7 @@ async fn a_frozen_nats_server_is_noticed_and_the_views_recover_after_it() {
     let scene = Scene::new().await;
     let app = scene.worker(scene.nats.url(), &[]).await;
     let thread = "t-frozen-nats";
-    warm(&scene, &app.api, thread).await;
+    scene.warm(&app.api, thread).await;
 
     let frozen = Instant::now();
     scene.nats.pause();
@@ -101,7 +92,7 @@ async fn a_half_open_link_to_nats_is_noticed_and_the_views_recover_after_it() {
     let proxy = Proxy::start(scene.nats.address()).await;
     let app = scene.worker(proxy.nats_url(), &[]).await;
     let thread = "t-half-open";
-    warm(&scene, &app.api, thread).await;
+    scene.warm(&app.api, thread).await;
 
     let dead = Instant::now();
     proxy.half_open();

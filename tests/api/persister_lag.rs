@@ -8,21 +8,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Api, chunk_row, metric, publish_rows, spawn_app_with, turns, user_row};
+use crate::helpers::{chunk_row, metric, publish_rows, spawn_app_with, turns, user_row};
 use crate::proxy::Proxy;
-use crate::scene::{
-    Scene, messages, now_ns, read_until_cache, wait_check, wait_drops, wait_metric,
-};
+use crate::scene::{Scene, messages, now_ns, wait_check, wait_drops, wait_metric};
 use crate::scrape::live_drops;
-
-/// Persists a first user turn of `thread` and reads it until the worker serves it from memory.
-async fn warm(scene: &Scene, api: &Api, thread: &str) {
-    scene
-        .store
-        .insert_rows(&[user_row(thread, "d1", "e1", now_ns(0), "Q")])
-        .await;
-    read_until_cache(api, thread, "").await;
-}
 
 /// The `n`th part of an answer streamed on `thread`'s first display: its text and its row.
 fn part(thread: &str, n: i64) -> (String, Value) {
@@ -69,7 +58,7 @@ async fn events_missed_while_the_link_to_nats_was_cut_appear_once_persisted() {
     let proxy = Proxy::start(scene.nats.address()).await;
     let app = scene.worker(proxy.nats_url(), &[]).await;
     let thread = "t-link-cut";
-    warm(&scene, &app.api, thread).await;
+    scene.warm(&app.api, thread).await;
 
     proxy.cut();
     app.api.wait_readiness(false).await;
@@ -105,7 +94,7 @@ async fn events_dropped_by_a_slow_consumer_appear_once_persisted() {
         )
         .await;
     let thread = "t-slow";
-    warm(&scene, &app.api, thread).await;
+    scene.warm(&app.api, thread).await;
 
     // Frozen, the worker reads nothing; let go, it finds thousands of messages and room for eight. Whether the
     // thread's event is among those dropped is up to the race, so the scenario repeats until it is.
@@ -146,7 +135,7 @@ async fn an_event_held_only_by_an_expired_entry_appears_once_persisted() {
         .worker(scene.nats.url(), &[("HISTORY_VIEW_CACHE_IDLE_SECS", "1")])
         .await;
     let thread = "t-expired";
-    warm(&scene, &app.api, thread).await;
+    scene.warm(&app.api, thread).await;
 
     // Heard live and held by the entry only; the persister is behind. The entry then goes idle and expires.
     let late = chunk_row(thread, "d1", "A", "e2", now_ns(1), "late");
@@ -187,7 +176,7 @@ async fn an_event_held_only_by_an_evicted_entry_appears_once_persisted() {
         )
         .await;
     let thread = "t-evicted";
-    warm(&scene, &app.api, thread).await;
+    scene.warm(&app.api, thread).await;
 
     // Each round: an event reaches the thread live only, then other threads stream in until the budget pushes
     // the thread out (the eviction policy decides when; the round repeats until it has).
@@ -250,7 +239,7 @@ async fn events_persisted_late_after_a_store_outage_appear() {
         )
         .await;
     let thread = "t-outage";
-    warm(&scene, &app.api, thread).await;
+    scene.warm(&app.api, thread).await;
 
     // The store freezes; meanwhile the worker also loses NATS and misses an event, which aihub's persister cannot
     // write while the store is down.

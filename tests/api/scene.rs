@@ -64,6 +64,14 @@ impl Scene {
         app
     }
 
+    /// Persists a first user turn of `thread` and reads it until the worker behind `api` serves it from memory.
+    pub async fn warm(&self, api: &Api, thread: &str) {
+        self.store
+            .insert_rows(&[crate::helpers::user_row(thread, "d1", "e1", now_ns(0), "Q")])
+            .await;
+        read_until_cache(api, thread, "").await;
+    }
+
     /// What a fresh worker answers for `thread` and `query` (its first read comes from the store).
     pub async fn cold_read(&self, thread: &str, query: &str) -> Reply {
         let fresh = self.worker(self.nats.url(), &[]).await;
