@@ -9,7 +9,9 @@ port="${DEMO_PORT:-8080}"
 log=".tools/run/demo-worker.log"
 mkdir -p .tools/run
 
-cargo build --release --quiet --bin chat-history-view --example demo
+# Cargo's progress stays visible: a first release build takes minutes.
+echo "==> cargo build --release --bin chat-history-view --example demo" >&2
+cargo build --release --bin chat-history-view --example demo
 
 HISTORY_VIEW_LISTEN="127.0.0.1:$port" HISTORY_VIEW_LOG_FORMAT=text \
     target/release/chat-history-view >"$log" 2>&1 &
