@@ -4,7 +4,7 @@
 //! persister writes from it.
 
 use arbitrary::Arbitrary;
-use chat_history_view::decode::{Decoded, decode_payload, decode_row};
+use chat_history_view::decode::{Decoded, MAX_STORED_DEPTH, decode_payload, decode_row};
 use chat_history_view::subject::DeliveryKey;
 use mongodb::bson::RawDocument;
 use serde_json::{Map, Number, Value};
@@ -228,9 +228,7 @@ impl Json {
     }
 }
 
-/// The event's NATS form (subject and JSON payload) and its persisted row, as aihub's persister writes it: the
-/// subject's tokens, the payload's `event_id`, the payload as `event_data` and its parents list as
-/// `event_parents`.
+/// The event's NATS form (subject and JSON payload) and its persisted row ([`stored_row`]).
 pub fn forms(event: &Event) -> (String, Vec<u8>, Value) {
     let agent_class = match &event.agent_class {
         AgentClass::User => "UserAgent".to_owned(),
@@ -261,37 +259,45 @@ pub fn forms(event: &Event) -> (String, Vec<u8>, Value) {
     }
     data.insert("event_id".into(), event_id.clone().into());
     data.insert("_event_name".into(), event_name.clone().into());
-    data.insert("_parent_event_names".into(), parents.clone().into());
+    data.insert("_parent_event_names".into(), parents.into());
     let payload = Value::Object(data);
 
     let subject = format!(
         "agent.{agent_class}.{agent_id}.{thread_id}.{display_id}.{run_id}.{event_type}.{event_name}.{event_id}"
     );
-    let row = serde_json::json!({
-        "agent_class": agent_class, "agent_id": agent_id, "thread_id": thread_id, "display_id": display_id,
-        "run_id": run_id, "event_id": event_id, "event_type": event_type, "event_name": event_name,
-        "event_data": payload, "event_parents": parents,
-    });
-    let payload = serde_json::to_vec(&payload).expect("a JSON value serializes");
-    (subject, payload, row)
+    let bytes = serde_json::to_vec(&payload).expect("a JSON value serializes");
+    let row = stored_row(&subject, payload);
+    (subject, bytes, row)
+}
+
+/// The row aihub's persister writes for a message on `subject` whose payload reads as `data`: the subject's
+/// tokens, the payload's `event_id`, the payload as `event_data` and its parents list as `event_parents`
+/// (contract 3).
+pub fn stored_row(subject: &str, data: Value) -> Value {
+    let key = DeliveryKey::parse_subject(subject).expect("a display-event subject");
+    serde_json::json!({
+        "agent_class": key.agent_class(), "agent_id": key.agent_id(), "thread_id": key.thread_id(),
+        "display_id": key.display_id(), "run_id": key.run_id(), "event_type": key.event_type(),
+        "event_name": key.event_name(), "event_id": data["event_id"], "event_parents": data["_parent_event_names"],
+        "event_data": data,
+    })
 }
 
 /// Both forms of `event` decode to the same verdict.
 pub fn same_event(event: &Event) {
     let (subject, payload, row) = forms(event);
-    // Keys BSON cannot hold (a NUL byte) cannot be persisted: nothing to compare.
-    let row_value = row;
-    let Ok(row) = mongodb::bson::to_raw_document_buf(&row_value) else {
-        return;
-    };
     let key = DeliveryKey::parse_subject(&subject).expect("a generated subject parses");
     let live = decode_payload(key, &payload).expect("a generated payload is JSON");
-    // MongoDB keeps documents nested at most 100 levels deep: a deeper row is never stored, and the live path
-    // drops the event as well.
-    if depth(&row_value) > 100 {
+    // MongoDB keeps documents nested at most MAX_STORED_DEPTH levels deep: a deeper row is never stored, and the
+    // live path drops the event as well.
+    if depth(&row) > MAX_STORED_DEPTH {
         assert_eq!(live, Decoded::Irrelevant, "subject {subject}");
         return;
     }
+    // Keys BSON cannot hold (a NUL byte) cannot be persisted: nothing to compare.
+    let Ok(row) = mongodb::bson::to_raw_document_buf(&row) else {
+        return;
+    };
     assert_eq!(
         live,
         decode_row(&row),

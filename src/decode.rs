@@ -391,7 +391,7 @@ fn json_families(raw: &RawValue) -> Families {
 /// history ever holds such an event, and the live path drops it too (else a view would hold an event the store
 /// can never have). Chosen: MongoDB's documented limit; FerretDB, aihub's production backend, documents none, and
 /// a lower limit there would only drop fewer events than the store does for payloads no agent produces.
-const MAX_STORED_DEPTH: usize = 100;
+pub const MAX_STORED_DEPTH: usize = 100;
 
 /// How deeply a JSON text nests arrays and objects (the payload object itself is 1); brackets inside strings do
 /// not count.

@@ -8,8 +8,9 @@ use arbitrary::{Arbitrary, Unstructured};
 use chat_history_view::subject::{DeliveryKey, KEY_FIELDS};
 use serde_json::Value;
 
+// Also the persister's row mapping for the soak (`checks::stored_row`).
 #[path = "../../fuzz/checks.rs"]
-mod checks;
+pub mod checks;
 
 fn corpus(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -42,16 +43,12 @@ fn inputs(target: &str) -> Vec<Vec<u8>> {
 
 #[test]
 fn the_subject_corpus_passes_its_checks() {
-    inputs("subject")
-        .iter()
-        .for_each(|input| checks::subject(input));
+    replay("subject", checks::subject);
 }
 
 #[test]
 fn the_payload_corpus_passes_its_checks() {
-    inputs("payload")
-        .iter()
-        .for_each(|input| checks::payload(input));
+    replay("payload", checks::payload);
 }
 
 #[test]

@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 
 use chat_history_view::decode::{Decoded, ViewEvent, decode_row};
 use chat_history_view::project::{Identity, project};
-use chat_history_view::subject::DeliveryKey;
 use futures_util::StreamExt;
 use futures_util::TryStreamExt;
 use mongodb::bson::{RawDocumentBuf, doc};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use crate::fuzz_corpus::checks::stored_row;
 use crate::helpers::{Api, BinaryApp, TestStore, release_binary, unique};
 use crate::process_memory::memory;
 use crate::proxy::Proxy;
@@ -92,7 +92,8 @@ fn persister(client: async_nats::Client, store: TestStore, pending: Arc<AtomicUs
             .expect("persister subscribes");
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         while let Some(message) = subscriber.next().await {
-            let row = stored_row(&message.subject, &message.payload);
+            let data = serde_json::from_slice(&message.payload).expect("a JSON payload");
+            let row = stored_row(&message.subject, data);
             let document = mongodb::bson::to_document(&row).expect("row converts to BSON");
             let due = Instant::now() + Duration::from_millis(rng.below(PERSIST_DELAY_MS + 1));
             let copies = if rng.below(5) == 0 { 2 } else { 1 };
@@ -129,19 +130,6 @@ fn persister(client: async_nats::Client, store: TestStore, pending: Arc<AtomicUs
     });
 }
 
-/// The row aihub's persister writes for a message: the subject's tokens, the payload's `event_id`, the payload as
-/// `event_data` and its parents list as `event_parents`.
-fn stored_row(subject: &str, payload: &[u8]) -> Value {
-    let key = DeliveryKey::parse_subject(subject).expect("a display-event subject");
-    let data: Value = serde_json::from_slice(payload).expect("a JSON payload");
-    json!({
-        "agent_class": key.agent_class(), "agent_id": key.agent_id(), "thread_id": key.thread_id(),
-        "display_id": key.display_id(), "run_id": key.run_id(), "event_type": key.event_type(),
-        "event_name": key.event_name(), "event_id": data["event_id"], "event_parents": data["_parent_event_names"],
-        "event_data": data,
-    })
-}
-
 /// Publishes the threads' turns while `open` says so: a random thread's next turn every 100 ms (about 80 events a
 /// second, what the Mongo-wire server can store with room to catch up after a fault), one event in ten
 /// delivered twice. Every thread gets its first turn before this returns.
@@ -152,11 +140,11 @@ async fn publisher(
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<()> {
     let mut conversations: Vec<Conversation> = names.into_iter().map(Conversation::new).collect();
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     for conversation in &mut conversations {
-        publish(&client, &conversation.next_turn(), &mut Rng(7)).await;
+        publish(&client, &conversation.next_turn(), &mut rng).await;
     }
     tokio::spawn(async move {
-        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
         while !stop.load(Ordering::SeqCst) {
             if open.wait_for(|open| *open).await.is_err() {
                 return;
