@@ -18,22 +18,18 @@ use mongodb::error::{Error as MongoError, ErrorKind};
 use mongodb::options::{ClientOptions, Hint};
 use mongodb::{Client, Collection, Database};
 
-use crate::decode::{DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, USER_AGENT, ViewEvent, decode_row};
+use crate::decode::{
+    DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, Family, USER_AGENT, ViewEvent, decode_row,
+};
 use crate::metrics::{Hydration, Metrics, QueryKind};
 use crate::subject::KEY_FIELDS;
 use crate::telemetry::RateLimit;
 use crate::view::{display_bytes, event_bytes};
 
 /// Parents that make a `UserAgent` display event a visibility marker.
-const MARKER_PARENTS: [&str; 2] = ["UserMessageEvent", "HumanInTheLoopResponseEvent"];
+const MARKER_PARENTS: [&str; 2] = Family::parents(Family::MARKERS);
 /// The five projectable families.
-const FAMILY_PARENTS: [&str; 5] = [
-    "UserMessageEvent",
-    "HumanInTheLoopResponseEvent",
-    "ChunkEvent",
-    "HumanInTheLoopRequestEvent",
-    "StopEvent",
-];
+const FAMILY_PARENTS: [&str; 5] = Family::parents(Family::ALL);
 
 /// Connections of the fills' own pool: fills run one batch at a time, so a few suffice.
 const FILL_POOL_SIZE: u32 = 2;

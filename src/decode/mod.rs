@@ -1,0 +1,352 @@
+//! One decoder for both inputs: a NATS payload (JSON bytes, `json`) and a persisted `agent_events` row (BSON,
+//! `bson`) become the same compact [`ViewEvent`].
+//!
+//! The family filter runs first, on the parents list alone (`_parent_event_names` in a payload, `event_parents` in
+//! a row). Events outside the five projectable families ([`Family`]) are [`Decoded::Irrelevant`] and nothing else
+//! of them is read: unknown agent-specific events are never deserialized
+//! ([contract 10](../../docs/contract.md#10)). A relevant event has exactly the one field its projector branch needs
+//! decoded ([`Family::field`]), plus `created_at`. Malformed fields are not errors here: they are kept as the error
+//! type aihub would raise ([`ErrorType`]), because whether they produce a warning depends on visibility, which only
+//! the projector knows.
+//!
+//! The field rules shared by both inputs live beside them: `user_content` emulates what aihub's projector gets
+//! from llama-index's `ChatMessage.model_validate` ([contract 5.5](../../docs/contract.md#5.5)), `stop` emulates
+//! core `Message.model_validate` ([contract 7](../../docs/contract.md#7)). Choices where the contract is uncertain
+//! are marked `Chosen:`.
+
+mod bson;
+mod family;
+mod json;
+mod stop;
+mod user_content;
+
+use std::fmt;
+
+use serde::Serialize;
+use serde_json::Value;
+
+pub use self::bson::{EVENT_DATA_FIELDS, decode_row};
+pub use self::family::Family;
+pub use self::json::{MAX_STORED_DEPTH, decode_payload};
+
+use self::family::Branch;
+use self::stop::full_answer;
+use self::user_content::user_content;
+use crate::subject::DeliveryKey;
+
+/// The only `event_type` that history reads (stage 2 of the store query filters on it too).
+pub const DISPLAY_EVENT: &str = "display_event";
+/// The agent class of user-originated marker events.
+pub const USER_AGENT: &str = "UserAgent";
+
+/// The exception class aihub's projector would have raised for a malformed event; it is the `error_type` of the
+/// metadata-only warning (contract 5.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum ErrorType {
+    TypeError,
+    ValueError,
+    ValidationError,
+}
+
+impl ErrorType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorType::TypeError => "TypeError",
+            ErrorType::ValueError => "ValueError",
+            ErrorType::ValidationError => "ValidationError",
+        }
+    }
+}
+
+impl fmt::Display for ErrorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One OpenAI content part of a history message (contract 5.6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Part {
+    Text { text: String },
+    ImageUrl { image_url: ImageUrl },
+    InputAudio { input_audio: InputAudio },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ImageUrl {
+    pub url: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InputAudio {
+    /// Base64 text, as llama-index keeps audio bytes.
+    pub data: String,
+    pub format: String,
+}
+
+/// A user turn's content as aihub computes it from the last ChatMessage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserContent {
+    /// Formats of audio blocks that carried data but were dropped as unsupported, in block order. Each becomes an
+    /// `UnsupportedAudioFormat` warning when the event is projected.
+    pub unsupported_audio: Vec<Box<str>>,
+    pub parts: Result<Vec<Part>, ErrorType>,
+}
+
+/// What a relevant event contributes, by the first projector branch it matches (contract 5.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// Branch 1: a `UserAgent` UserMessageEvent (a marker).
+    UserMessage(UserContent),
+    /// Branch 2: a `UserAgent` HITL response (a marker); the answer text.
+    HitlAnswer(Result<Box<str>, ErrorType>),
+    /// Branch 3: a chunk from any agent; its content.
+    Chunk(Result<Box<str>, ErrorType>),
+    /// Branch 4: a HITL request from any agent; its question.
+    HitlQuestion(Result<Box<str>, ErrorType>),
+    /// Branch 5 candidate: a stop event; the full answer of its last output message (possibly empty). Whether it
+    /// counts depends on the read's primary identity.
+    Stop(Result<Box<str>, ErrorType>),
+    /// A family member no branch takes (a UserMessageEvent or HITL response from a non-`UserAgent`). It still
+    /// passes validation, so malformed ordering metadata on it is warned about.
+    Inert,
+}
+
+/// A relevant event in compact form: what the view stores and the projector reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewEvent {
+    pub key: DeliveryKey,
+    /// `event_data.created_at` in nanoseconds, or the error aihub's ordering validation raises.
+    pub created_at: Result<i64, ErrorType>,
+    pub body: Body,
+}
+
+impl ViewEvent {
+    /// A marker makes its display client-visible: a `UserAgent` user message or HITL response.
+    pub fn is_marker(&self) -> bool {
+        matches!(self.body, Body::UserMessage(_) | Body::HitlAnswer(_))
+    }
+
+    /// Approximate heap bytes held, for the cache weigher.
+    pub fn heap_bytes(&self) -> usize {
+        fn text(r: &Result<Box<str>, ErrorType>) -> usize {
+            r.as_ref().map_or(0, |s| s.len())
+        }
+        let body = match &self.body {
+            Body::UserMessage(u) => {
+                let parts = u.parts.as_ref().map_or(0, |parts| {
+                    parts
+                        .iter()
+                        .map(|p| {
+                            std::mem::size_of::<Part>()
+                                + match p {
+                                    Part::Text { text } => text.len(),
+                                    Part::ImageUrl { image_url } => image_url.url.len(),
+                                    Part::InputAudio { input_audio } => {
+                                        input_audio.data.len() + input_audio.format.len()
+                                    }
+                                }
+                        })
+                        .sum()
+                });
+                parts
+                    + u.unsupported_audio
+                        .iter()
+                        .map(|f| f.len() + 16)
+                        .sum::<usize>()
+            }
+            Body::HitlAnswer(t) | Body::Chunk(t) | Body::HitlQuestion(t) | Body::Stop(t) => text(t),
+            Body::Inert => 0,
+        };
+        self.key.heap_bytes() + body
+    }
+}
+
+/// The decoder's verdict on one input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decoded {
+    /// Not a display event of the five families: dropped without reading its payload.
+    Irrelevant,
+    Event(ViewEvent),
+}
+
+/// A NATS payload that cannot be read at all (not JSON). aihub's persister could not store it either.
+#[derive(Debug, thiserror::Error)]
+#[error("payload is not valid JSON")]
+pub struct DecodeError {
+    /// The delivery the payload came with, for metadata-only logging.
+    pub key: DeliveryKey,
+    #[source]
+    source: serde_json::Error,
+}
+
+/// What `branch` makes of the one field it reads.
+fn body(branch: Branch, field: Option<&Value>) -> Body {
+    let Branch::Reads(family) = branch else {
+        return Body::Inert;
+    };
+    match family {
+        Family::UserMessage => Body::UserMessage(user_content(field)),
+        Family::HitlResponse => Body::HitlAnswer(match field {
+            Some(Value::Bool(true)) => Ok("true".into()),
+            Some(Value::Bool(false)) => Ok("false".into()),
+            other => non_empty_text(other),
+        }),
+        Family::Chunk => Body::Chunk(non_empty_text(field)),
+        Family::HitlRequest => Body::HitlQuestion(non_empty_text(field)),
+        Family::Stop => Body::Stop(full_answer(field)),
+    }
+}
+
+fn non_empty_text(value: Option<&Value>) -> Result<Box<str>, ErrorType> {
+    match value {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.as_str().into()),
+        _ => Err(ErrorType::ValueError),
+    }
+}
+
+/// `created_at` must be an integer and not a bool (contract 6). A missing `event_data` mapping is a TypeError too.
+///
+/// Chosen: integers outside int64 (which MongoDB cannot store) count as malformed.
+fn created_at(value: Option<&Value>) -> Result<i64, ErrorType> {
+    match value {
+        Some(Value::Number(n)) => n.as_i64().ok_or(ErrorType::TypeError),
+        _ => Err(ErrorType::TypeError),
+    }
+}
+
+/// What the decoder's tests share: a delivery key, a decoded payload and its body.
+#[cfg(test)]
+mod testing {
+    use serde_json::Value;
+
+    use super::{Body, DISPLAY_EVENT, Decoded, decode_payload};
+    use crate::subject::DeliveryKey;
+
+    pub fn key(agent_class: &str, event_name: &str) -> DeliveryKey {
+        DeliveryKey::from_fields([
+            agent_class,
+            "id",
+            "t",
+            "d",
+            "r",
+            DISPLAY_EVENT,
+            event_name,
+            "e1",
+        ])
+    }
+
+    pub fn payload(key: DeliveryKey, value: Value) -> Decoded {
+        decode_payload(key, value.to_string().as_bytes()).unwrap()
+    }
+
+    pub fn body(decoded: Decoded) -> Body {
+        match decoded {
+            Decoded::Event(e) => e.body,
+            Decoded::Irrelevant => panic!("expected a relevant event"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::decode::testing::{body, key, payload};
+
+    #[test]
+    fn events_outside_the_families_are_irrelevant_even_when_their_payload_is_broken() {
+        let decoded = payload(
+            key("RAG", "RetrievalAgentInTheLoopResponseEvent"),
+            json!({"_parent_event_names": ["RetrievalAgentInTheLoopResponseEvent", "AgentInTheLoopResponseEvent"],
+                   "created_at": "bad", "content": 5}),
+        );
+        assert_eq!(decoded, Decoded::Irrelevant);
+    }
+
+    #[test]
+    fn control_events_are_irrelevant() {
+        let key = DeliveryKey::from_fields([
+            "A",
+            "id",
+            "t",
+            "d",
+            "r",
+            "control_event",
+            "ChunkEvent",
+            "e",
+        ]);
+        let decoded = payload(
+            key,
+            json!({"_parent_event_names": ["ChunkEvent"], "created_at": 1, "content": "x"}),
+        );
+        assert_eq!(decoded, Decoded::Irrelevant);
+    }
+
+    #[test]
+    fn chunk_content_and_created_at_are_decoded() {
+        let decoded = payload(
+            key("A", "ChunkEvent"),
+            json!({"_parent_event_names": ["ChunkEvent", "DisplayEvent"], "created_at": 7, "content": "Hel",
+                   "display_name": {"en": "x"}}),
+        );
+        let Decoded::Event(event) = decoded else {
+            panic!()
+        };
+        assert_eq!(event.created_at, Ok(7));
+        assert_eq!(event.body, Body::Chunk(Ok("Hel".into())));
+    }
+
+    #[test]
+    fn created_at_must_be_an_integer_and_not_a_bool_or_float() {
+        for bad in [json!("1"), json!(1.0), json!(true), json!(null)] {
+            let Decoded::Event(event) = payload(
+                key("A", "ChunkEvent"),
+                json!({"_parent_event_names": ["ChunkEvent"], "created_at": bad, "content": "x"}),
+            ) else {
+                panic!()
+            };
+            assert_eq!(event.created_at, Err(ErrorType::TypeError), "{bad}");
+        }
+    }
+
+    #[test]
+    fn branches_follow_the_contract_order() {
+        let parents = json!(["ChunkEvent", "StopEvent", "HumanInTheLoopRequestEvent"]);
+        let b = body(payload(
+            key("A", "X"),
+            json!({"_parent_event_names": parents, "created_at": 1, "content": "c", "question": "q"}),
+        ));
+        assert_eq!(b, Body::Chunk(Ok("c".into())));
+        let b = body(payload(
+            key("A", "X"),
+            json!({"_parent_event_names": ["StopEvent", "HumanInTheLoopRequestEvent"], "created_at": 1, "question": "q"}),
+        ));
+        assert_eq!(b, Body::HitlQuestion(Ok("q".into())));
+        let b = body(payload(
+            key("A", "UserMessageEvent"),
+            json!({"_parent_event_names": ["UserMessageEvent"], "created_at": 1, "messages": []}),
+        ));
+        assert_eq!(b, Body::Inert);
+    }
+
+    #[test]
+    fn hitl_answers_render_booleans_as_text() {
+        for (value, expected) in [
+            (json!(true), Ok("true".into())),
+            (json!(false), Ok("false".into())),
+            (json!("EU"), Ok("EU".into())),
+            (json!(""), Err(ErrorType::ValueError)),
+            (json!(1), Err(ErrorType::ValueError)),
+        ] {
+            let b = body(payload(
+                key(USER_AGENT, "R"),
+                json!({"_parent_event_names": ["R", "HumanInTheLoopResponseEvent"], "created_at": 1,
+                       "response": value, "request_event": {"broken": true}}),
+            ));
+            assert_eq!(b, Body::HitlAnswer(expected));
+        }
+    }
+}
