@@ -9,7 +9,7 @@
 #   make soak             overlapping faults under load on the release worker, 5 cycles over 200 threads (SOAK_SECS,
 #                         SOAK_THREADS; tests/api/soak.rs); a one-cycle version runs in `make test`
 #   make fuzz             the decoders' fuzz targets, 60 s each (FUZZ_SECS, FUZZ_RUNS, FUZZ_TARGETS: scripts/fuzz.sh)
-#   make bench            the performance targets (worker.md section 7): installs the servers, builds the
+#   make bench            the performance targets (docs/design.md section 7): installs the servers, builds the
 #                         release binary, runs benches/bench.rs (it starts its own servers and workers)
 #
 # `test` and `run` stop, on exit (also on failure or Ctrl-C), exactly the servers

@@ -1,6 +1,6 @@
-//! The project's benchmark: the performance targets of worker.md section 7, each measured as a ratio or a bound
-//! in one run, side by side with its baseline, against real servers. The worker runs as the release binary in its
-//! own process, configured by environment, exactly as it is deployed.
+//! The project's benchmark: the performance targets of [design section 7](../docs/design.md#7), each measured as a
+//! ratio or a bound in one run, side by side with its baseline, against real servers. The worker runs as the release
+//! binary in its own process, configured by environment, exactly as it is deployed.
 //!
 //! Run it with `make bench` (installs the servers, builds the binary, then `cargo bench --bench bench`). Settings,
 //! by environment:

@@ -272,7 +272,7 @@ pub fn forms(event: &Event) -> (String, Vec<u8>, Value) {
 
 /// The row aihub's persister writes for a message on `subject` whose payload reads as `data`: the subject's
 /// tokens, the payload's `event_id`, the payload as `event_data` and its parents list as `event_parents`
-/// (contract 3).
+/// ([contract 3](../docs/contract.md#3)).
 pub fn stored_row(subject: &str, data: Value) -> Value {
     let key = DeliveryKey::parse_subject(subject).expect("a display-event subject");
     serde_json::json!({

@@ -4,7 +4,8 @@
 # Installs (once) into the project's git-ignored venv .tools/venv:
 #   helm-python-sdk      Helm's Go SDK as a library (no helm binary, no network at run time)
 #   kubernetes-validate  the Kubernetes JSON schemas, to validate the rendered manifests
-# then runs scripts/check_chart.py, which exits non-zero on any failure.
+# then runs scripts/check_chart.py, which exits non-zero on any failure. The settings the chart must set are
+# read from the release binary's --help (built if needed), so chart and configuration cannot drift.
 #
 # Usage: scripts/check-chart.sh
 set -euo pipefail
@@ -39,4 +40,8 @@ EOF
     fi
 ) 9>"$tools/venv.lock"
 
+# The settings the binary has, by environment name: the chart must set each of them.
+CHART_SETTINGS="$(cd "$root" && cargo run --quiet --release --bin chat-history-view -- --help |
+    grep -o '\[env: HISTORY_VIEW_[A-Z_]*' | cut -c7-)"
+export CHART_SETTINGS
 exec "$python" "$root/scripts/check_chart.py"

@@ -25,6 +25,7 @@ Exits non-zero on any failure; the last line is `check-chart: N passed, M failed
 from __future__ import annotations
 
 import base64
+import os
 import re
 import shutil
 import sys
@@ -118,30 +119,18 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
     "a mistyped nested key": ({"serviceMonitor": {"enable": True}}, "'enable'"),
 }
 
-EXPECTED_ENV = {
-    "HISTORY_VIEW_LISTEN",
-    "HISTORY_VIEW_NATS_URL",
-    "HISTORY_VIEW_SUBJECT",
-    "HISTORY_VIEW_MONGODB_URI",
-    "HISTORY_VIEW_MONGODB_DATABASE",
-    "HISTORY_VIEW_MONGODB_COLLECTION",
-    "HISTORY_VIEW_MONGODB_INDEX_HINT",
-    "HISTORY_VIEW_MONGODB_FILL_INDEX_HINT",
-    "HISTORY_VIEW_CACHE_MAX_BYTES",
-    "HISTORY_VIEW_CACHE_IDLE_SECS",
-    "HISTORY_VIEW_STORE_TIMEOUT_MS",
-    "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS",
-    "HISTORY_VIEW_MAX_THREAD_BYTES",
-    "HISTORY_VIEW_HTTP_MAX_CONNECTIONS",
-    "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT",
-    "HISTORY_VIEW_NATS_PING_INTERVAL_SECS",
-    "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS",
-    "HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS",
-    "HISTORY_VIEW_PERSIST_LAG_MS",
-    "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS",
-    "RUST_LOG",
-    "HISTORY_VIEW_LOG_FORMAT",
-}
+
+def binary_settings() -> set[str]:
+    """The environment names of the binary's own settings, from its `--help` (check-chart.sh passes them in
+    CHART_SETTINGS), so the chart cannot drift from the configuration."""
+    names = set(os.environ.get("CHART_SETTINGS", "").split())
+    if len(names) < 10 or not all(n.startswith("HISTORY_VIEW_") for n in names):
+        sys.exit(f"check-chart: CHART_SETTINGS does not list the binary's settings: {sorted(names)}")
+    return names
+
+
+# Every setting the binary has, set by the chart (the API token only when a token is configured), and RUST_LOG.
+EXPECTED_ENV = (binary_settings() - {"HISTORY_VIEW_API_TOKEN"}) | {"RUST_LOG"}
 
 
 class CheckError(Exception):
@@ -338,6 +327,7 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         ("HISTORY_VIEW_MAX_THREAD_BYTES", "maxThreadBytes"),
         ("HISTORY_VIEW_HTTP_MAX_CONNECTIONS", "httpMaxConnections"),
         ("HISTORY_VIEW_HTTP_MAX_IN_FLIGHT", "httpMaxInFlight"),
+        ("HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY", "natsSubscriptionCapacity"),
         ("HISTORY_VIEW_NATS_PING_INTERVAL_SECS", "natsPingIntervalSecs"),
         ("HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS", "httpHeaderTimeoutSecs"),
         ("HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS", "httpIdleTimeoutSecs"),

@@ -1,4 +1,4 @@
-//! `Views`: the moka cache of [`ThreadView`]s and the read path over it.
+//! `ViewCache`: the moka cache of [`ThreadView`]s and the read path over it.
 //!
 //! - Live events go into their thread's view; a thread not in the cache gets a `Partial` view.
 //! - A read of a `Complete` view is answered from memory. A read of a partial or absent view hydrates it from the
@@ -18,19 +18,19 @@
 //!     drop, so the successor's store read (at least the bound after the record) returns it. A successor created
 //!     while an entry of its bucket is still alive (possibly its predecessor, not dropped yet) covers the thread
 //!     from its own creation.
-//!   - *replacement during re-weigh*: [`Views::reweigh`] re-inserts an entry only while it is still the current
+//!   - *replacement during re-weigh*: [`ViewCache::reweigh`] re-inserts an entry only while it is still the current
 //!     one (an atomic compute on the key), so no other entry's events are overwritten.
 //!   - *store outage*: the outage's end is a coverage start, since aihub's persister could not write either.
 //!   - *hydration racing live events*: events that arrive during the store read are held by the view and merged;
 //!     a gap or removal during the read moves coverage start past the read's start, so the read cannot count.
 //! - A marker that lands live on a display the view has not read leaves that display uncovered: a complete view
 //!   queues a fill of its stored events, off the read path, and is served from memory again once it is done (a
-//!   read meanwhile waits for it). See [`Views::fill`] for why the view stays complete.
+//!   read meanwhile waits for it). See [`ViewCache::fill`] for why the view stays complete.
 //! - Memory is bounded by a byte budget: each entry is charged its view's (and last rendered answer's) bytes plus
 //!   headroom when inserted, and re-inserted (re-weighed) only when it outgrows that charge, so the charge does not
 //!   fall below what is held by more than one event between checks.
 //!
-//! [design 2.1]: ../docs/design.md#21-the-persister-lag-rule
+//! [design 2.1]: ../docs/design.md#2.1
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -77,7 +77,7 @@ pub struct Answer {
 
 /// The view cache and the store behind it. Cloning is cheap.
 #[derive(Clone)]
-pub struct Views {
+pub struct ViewCache {
     cache: Cache<String, Arc<Entry>>,
     store: Store,
     metrics: Metrics,
@@ -85,11 +85,18 @@ pub struct Views {
     coverage: Coverage,
     /// Cancels the background re-reads and fills when the service stops.
     stop: CancellationToken,
-    /// The queue of fills (see [`Views::run_fills`]).
+    /// The queue of fills (see [`ViewCache::run_fills`]).
     fills: mpsc::Sender<FillRequest>,
     /// One permit per store read of a whole thread allowed at once (`HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS`): each
     /// may hold a thread's events in memory.
     hydration_slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// An answer rendered from one version of a view for one primary identity.
+struct Rendered {
+    version: u64,
+    primary: Option<Identity>,
+    answer: Answer,
 }
 
 /// One cached thread.
@@ -127,8 +134,8 @@ struct Entry {
     fill_scheduled: AtomicBool,
     /// The weight moka charged at the last insert.
     charged: AtomicUsize,
-    /// The last rendered answer: (view version, primary identity, answer).
-    rendered: Mutex<Option<(u64, Option<Identity>, Answer)>>,
+    /// The last rendered answer.
+    rendered: Mutex<Option<Rendered>>,
     /// The thread outgrew `HISTORY_VIEW_MAX_THREAD_BYTES`: the entry left the cache with its view emptied, and its
     /// readers answer 507.
     too_large: AtomicBool,
@@ -309,13 +316,13 @@ impl Entry {
         metrics: &Metrics,
     ) -> Answer {
         let mut rendered = lock(&self.rendered);
-        if let Some((version, identity, answer)) = rendered.as_ref()
-            && *version == view.version()
-            && identity.as_ref() == primary
+        if let Some(last) = rendered.as_ref()
+            && last.version == view.version()
+            && last.primary.as_ref() == primary
         {
             return Answer {
                 source,
-                ..answer.clone()
+                ..last.answer.clone()
             };
         }
         let projection = view.project(primary);
@@ -325,7 +332,11 @@ impl Entry {
             answer.body.len() + answer.etag.len() + 64,
             Ordering::Relaxed,
         );
-        *rendered = Some((view.version(), primary.cloned(), answer.clone()));
+        *rendered = Some(Rendered {
+            version: view.version(),
+            primary: primary.cloned(),
+            answer: answer.clone(),
+        });
         answer
     }
 
@@ -372,7 +383,7 @@ pub fn answer(thread_id: &str, projection: &Projection, source: Source) -> Answe
     }
 }
 
-impl Views {
+impl ViewCache {
     pub fn new(
         store: Store,
         metrics: Metrics,
@@ -675,7 +686,7 @@ impl Views {
     /// now, and every later one was applied live ([design 2.1]). A failed fill leaves the views partial, so their
     /// next reads hydrate.
     ///
-    /// [design 2.1]: ../docs/design.md#21-the-persister-lag-rule
+    /// [design 2.1]: ../docs/design.md#2.1
     async fn fill(&self, batch: Vec<FillRequest>) {
         let mut work: Vec<(FillRequest, Vec<Box<str>>)> = Vec::with_capacity(batch.len());
         let mut threads = HashSet::new();
@@ -740,7 +751,9 @@ impl Views {
                 }
                 tracing::warn!(views = work.len(), %error, "filling newly visible displays failed; their next reads hydrate");
                 for (request, _) in work {
-                    request.entry.view(&self.metrics).downgrade();
+                    if request.entry.view(&self.metrics).downgrade() {
+                        self.metrics.views_downgraded(1);
+                    }
                     // Readers that waited for the fill fail with it rather than queue another store timeout.
                     request
                         .entry

@@ -27,119 +27,109 @@ pub const DEFAULT_CACHE_MAX_BYTES: u64 = 256 * 1024 * 1024;
 #[command(version, about)]
 #[deny(missing_docs)]
 pub struct Config {
-    /// NATS server URL; may hold credentials, which are never printed (env HISTORY_VIEW_NATS_URL; default
-    /// nats://127.0.0.1:4222).
+    /// NATS server URL; may hold credentials, which are never printed.
     #[arg(long, env = "HISTORY_VIEW_NATS_URL", default_value = "nats://127.0.0.1:4222", hide_env_values = true, value_parser = secret)]
     pub nats_url: Secret,
 
-    /// Subject to subscribe to for display events (env HISTORY_VIEW_SUBJECT; default
-    /// agent.*.*.*.*.*.display_event.*.*).
+    /// Subject to subscribe to for display events.
     #[arg(long, env = "HISTORY_VIEW_SUBJECT", default_value = DEFAULT_SUBJECT, value_parser = parse_subject)]
     pub subject: String,
 
-    /// Messages the NATS subscription buffers before the client drops them as a slow consumer (which downgrades
-    /// every view) (env HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY; default 65536).
+    /// Messages the NATS subscription buffers before the client drops them as a slow consumer (which downgrades every
+    /// view).
     #[arg(long, env = "HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY", default_value = "65536", value_parser = parse_capacity)]
     pub nats_subscription_capacity: usize,
 
-    /// Seconds between the NATS client's pings; the client gives up on a server that leaves two pings unanswered,
-    /// so a frozen server or a half-open link is noticed about three intervals after its last answer, and every
-    /// view is downgraded (env HISTORY_VIEW_NATS_PING_INTERVAL_SECS; default 4).
+    /// Seconds between the NATS client's pings; the client gives up on a server that leaves two pings unanswered, so a
+    /// frozen server or a half-open link is noticed about three intervals after its last answer, and every view is
+    /// downgraded.
     #[arg(long, env = "HISTORY_VIEW_NATS_PING_INTERVAL_SECS", default_value = "4", value_parser = parse_secs)]
     pub nats_ping_interval: Duration,
 
-    /// MongoDB connection string; may hold credentials and is never logged (env HISTORY_VIEW_MONGODB_URI; default
-    /// mongodb://127.0.0.1:27017).
+    /// MongoDB connection string; may hold credentials and is never logged.
     #[arg(long, env = "HISTORY_VIEW_MONGODB_URI", default_value = "mongodb://127.0.0.1:27017", hide_env_values = true, value_parser = secret)]
     pub mongodb_uri: Secret,
 
-    /// Database holding aihub's event collection (env HISTORY_VIEW_MONGODB_DATABASE; default aihub).
+    /// Database holding aihub's event collection.
     #[arg(long, env = "HISTORY_VIEW_MONGODB_DATABASE", default_value = "aihub", value_parser = parse_name)]
     pub mongodb_database: String,
 
-    /// Collection of persisted agent events (env HISTORY_VIEW_MONGODB_COLLECTION; default agent_events).
+    /// Collection of persisted agent events.
     #[arg(long, env = "HISTORY_VIEW_MONGODB_COLLECTION", default_value = "agent_events", value_parser = parse_name)]
     pub mongodb_collection: String,
 
-    /// Index both store stages name as a hint; empty disables the hint (env HISTORY_VIEW_MONGODB_INDEX_HINT;
-    /// default thread_id_1_event_type_1_event_parents_1). A missing index slows reads down, it does not break them.
+    /// Index both store stages name as a hint; empty disables the hint. A missing index slows reads down, it does not
+    /// break them.
     #[arg(long, env = "HISTORY_VIEW_MONGODB_INDEX_HINT", default_value = DEFAULT_INDEX_HINT)]
     pub mongodb_index_hint: String,
 
-    /// Index a fill names as its hint; a fill reads the stored events of a display a live marker just made
-    /// visible; empty disables the hint (env HISTORY_VIEW_MONGODB_FILL_INDEX_HINT; default display_id_1).
+    /// Index a fill names as its hint; a fill reads the stored events of a display a live marker just made visible;
+    /// empty disables the hint.
     #[arg(long, env = "HISTORY_VIEW_MONGODB_FILL_INDEX_HINT", default_value = DEFAULT_FILL_INDEX_HINT)]
     pub mongodb_fill_index_hint: String,
 
-    /// Address the HTTP API listens on; port 0 picks a free port (env HISTORY_VIEW_LISTEN; default 0.0.0.0:8080).
+    /// Address the HTTP API listens on; port 0 picks a free port.
     #[arg(long, env = "HISTORY_VIEW_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
 
-    /// Byte budget of the view cache, a plain number or with a KiB/MiB/GiB (or KB/MB/GB) suffix
-    /// (env HISTORY_VIEW_CACHE_MAX_BYTES; default 256MiB).
+    /// Byte budget of the view cache, a plain number or with a KiB/MiB/GiB (or KB/MB/GB) suffix.
     #[arg(long, env = "HISTORY_VIEW_CACHE_MAX_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
     pub cache_max_bytes: u64,
 
-    /// Seconds a thread view may go unused before it is dropped (env HISTORY_VIEW_CACHE_IDLE_SECS; default 3600).
-    #[arg(long, env = "HISTORY_VIEW_CACHE_IDLE_SECS", default_value = "3600", value_parser = parse_secs)]
-    pub cache_idle_secs: Duration,
+    /// Seconds a thread view may go unused before it is dropped.
+    #[arg(long = "cache-idle-secs", env = "HISTORY_VIEW_CACHE_IDLE_SECS", default_value = "3600", value_parser = parse_secs)]
+    pub cache_idle: Duration,
 
-    /// Milliseconds a read may wait for the store before it answers 503 (env HISTORY_VIEW_STORE_TIMEOUT_MS;
-    /// default 2000).
-    #[arg(long, env = "HISTORY_VIEW_STORE_TIMEOUT_MS", default_value = "2000", value_parser = parse_millis)]
-    pub store_timeout_ms: Duration,
+    /// Milliseconds a read may wait for the store before it answers 503.
+    #[arg(long = "store-timeout-ms", env = "HISTORY_VIEW_STORE_TIMEOUT_MS", default_value = "2000", value_parser = parse_millis)]
+    pub store_timeout: Duration,
 
-    /// Most store reads of whole threads (hydrations and background re-reads) at once; a read beyond it waits for
-    /// one to finish within its store timeout, then answers 503. Each may hold up to a thread's events in memory
-    /// (env HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS; default 10, the MongoDB driver's connection pool size).
+    /// Most store reads of whole threads (hydrations and background re-reads) at once; a read beyond it waits for one
+    /// to finish within its store timeout, then answers 503. Each may hold up to a thread's events in memory. The
+    /// default is the MongoDB driver's connection pool size.
     #[arg(long, env = "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS", default_value = "10", value_parser = parse_hydrations)]
     pub max_concurrent_hydrations: usize,
 
-    /// Most bytes of a thread's events (as held in memory, a plain number or with a unit as for the cache budget)
-    /// one view or store read may hold; a read of a larger thread answers 507 thread_too_large, and a live view
-    /// that grows past it leaves the cache (env HISTORY_VIEW_MAX_THREAD_BYTES; default 64MiB, hundreds of times a
-    /// long chat).
+    /// Most bytes of a thread's events (as held in memory, a plain number or with a unit as for the cache budget) one
+    /// view or store read may hold; a read of a larger thread answers 507 thread_too_large, and a live view that grows
+    /// past it leaves the cache. The default is hundreds of times a long chat.
     #[arg(long, env = "HISTORY_VIEW_MAX_THREAD_BYTES", default_value = "64MiB", value_parser = parse_thread_bytes)]
     pub max_thread_bytes: usize,
 
-    /// Bound, in milliseconds, on how long after publishing an event aihub's persister has written it; 0 allowed
-    /// (env HISTORY_VIEW_PERSIST_LAG_MS; default 2000). A view is served from memory only if its store read started
-    /// at least this long after the worker last could have missed one of the thread's events (start, reconnect,
-    /// gap, eviction, store outage). Raise it when history_view_persister_lag_exceeded_total grows; a larger bound
-    /// only delays when a view becomes complete (a background re-read does it, not a reader).
+    /// Bound, in milliseconds, on how long after publishing an event aihub's persister has written it; 0 allowed. A
+    /// view is served from memory only if its store read started at least this long after the worker last could have
+    /// missed one of the thread's events (start, reconnect, gap, eviction, store outage). Raise it when
+    /// history_view_persister_lag_exceeded_total grows; a larger bound only delays when a view becomes complete (a
+    /// background re-read does it, not a reader).
     #[arg(long = "persist-lag-ms", env = "HISTORY_VIEW_PERSIST_LAG_MS", default_value = "2000", value_parser = parse_millis_or_zero)]
     pub persist_lag: Duration,
 
-    /// HTTP connections served at once; beyond them a few more are accepted for the probes and /metrics only, and
-    /// the rest are closed (env HISTORY_VIEW_HTTP_MAX_CONNECTIONS; default 1024).
+    /// HTTP connections served at once; beyond them a few more are accepted for the probes and /metrics only, and the
+    /// rest are closed.
     #[arg(long, env = "HISTORY_VIEW_HTTP_MAX_CONNECTIONS", default_value = "1024", value_parser = parse_connections)]
     pub http_max_connections: usize,
 
-    /// History reads answered at once; a read beyond it answers 503 overloaded at once (env
-    /// HISTORY_VIEW_HTTP_MAX_IN_FLIGHT; default 256).
+    /// History reads answered at once; a read beyond it answers 503 overloaded at once.
     #[arg(long, env = "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT", default_value = "256", value_parser = parse_connections)]
     pub http_max_in_flight: usize,
 
-    /// Seconds from a request's first byte to the end of its headers before the connection is closed (env
-    /// HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS; default 10).
+    /// Seconds from a request's first byte to the end of its headers before the connection is closed.
     #[arg(long, env = "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS", default_value = "10", value_parser = parse_secs)]
     pub http_header_timeout: Duration,
 
-    /// Seconds a connection may stay open without a request before it is closed (env
-    /// HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS; default 60).
+    /// Seconds a connection may stay open without a request before it is closed.
     #[arg(long, env = "HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS", default_value = "60", value_parser = parse_secs)]
     pub http_idle_timeout: Duration,
 
-    /// Seconds allowed for draining in-flight requests on shutdown (env HISTORY_VIEW_SHUTDOWN_DRAIN_SECS; default 5).
-    #[arg(long, env = "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS", default_value = "5", value_parser = parse_secs)]
-    pub shutdown_drain_secs: Duration,
+    /// Seconds allowed for draining in-flight requests on shutdown.
+    #[arg(long = "shutdown-drain-secs", env = "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS", default_value = "5", value_parser = parse_secs)]
+    pub shutdown_drain: Duration,
 
-    /// Bearer token required on /v1/* when set; never logged (env HISTORY_VIEW_API_TOKEN; default: none).
+    /// Bearer token required on /v1/* when set; never logged.
     #[arg(long, env = "HISTORY_VIEW_API_TOKEN", hide_env_values = true, value_parser = secret)]
     pub api_token: Option<Secret>,
 
-    /// Log format: json, text, or auto (text on a terminal, json otherwise) (env HISTORY_VIEW_LOG_FORMAT;
-    /// default auto). Filtering follows RUST_LOG (default info).
+    /// Log format: json, text, or auto (text on a terminal, json otherwise). Filtering follows RUST_LOG (default info).
     #[arg(
         long,
         env = "HISTORY_VIEW_LOG_FORMAT",
@@ -244,7 +234,7 @@ impl Config {
             database: self.mongodb_database.clone(),
             collection: self.mongodb_collection.clone(),
             hints: self.index_hints(),
-            timeout: self.store_timeout_ms,
+            timeout: self.store_timeout,
             persist_lag: self.persist_lag,
             max_thread_bytes: self.max_thread_bytes,
         }
@@ -436,8 +426,8 @@ mod tests {
         assert_eq!(config.index_hint(), Some(DEFAULT_INDEX_HINT));
         assert_eq!(config.cache_max_bytes, DEFAULT_CACHE_MAX_BYTES);
         assert_eq!(config.max_thread_bytes, 64 << 20);
-        assert_eq!(config.store_timeout_ms, Duration::from_millis(2000));
-        assert_eq!(config.shutdown_drain_secs, Duration::from_secs(5));
+        assert_eq!(config.store_timeout, Duration::from_millis(2000));
+        assert_eq!(config.shutdown_drain, Duration::from_secs(5));
         assert_eq!(config.persist_lag, Duration::from_millis(2000));
         assert_eq!(config.nats_ping_interval, Duration::from_secs(4));
         assert_eq!(config.listen.port(), 8080);
@@ -461,13 +451,22 @@ mod tests {
             (&["--persist-lag-ms=-1"][..], "--persist-lag-ms"),
             (&["--persist-lag-ms", "2s"][..], "--persist-lag-ms"),
             (&["--max-thread-bytes", "1KiB"][..], "--max-thread-bytes"),
+            (&["--nats-ping-interval", "0"][..], "--nats-ping-interval"),
             (
-                &["--nats-ping-interval-secs", "0"][..],
-                "--nats-ping-interval-secs",
+                &["--nats-subscription-capacity", "0"][..],
+                "--nats-subscription-capacity",
             ),
         ] {
-            let message = parse(args).unwrap_err().to_string();
-            assert!(message.contains(setting), "{message}");
+            let error = parse(args).unwrap_err();
+            // A refused value, not an unknown flag (whose message names the flag too).
+            assert!(
+                matches!(
+                    error.kind(),
+                    ErrorKind::ValueValidation | ErrorKind::InvalidValue
+                ),
+                "{error}"
+            );
+            assert!(error.to_string().contains(setting), "{error}");
         }
     }
 
@@ -530,5 +529,60 @@ mod tests {
             parse(&["--mongodb-index-hint", ""]).unwrap().index_hint(),
             None
         );
+    }
+
+    /// Deployments set these flags and environment variables: a rename here breaks them.
+    #[test]
+    fn setting_names_are_pinned() {
+        let pinned = [
+            ("nats-url", "HISTORY_VIEW_NATS_URL"),
+            ("subject", "HISTORY_VIEW_SUBJECT"),
+            (
+                "nats-subscription-capacity",
+                "HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY",
+            ),
+            ("nats-ping-interval", "HISTORY_VIEW_NATS_PING_INTERVAL_SECS"),
+            ("mongodb-uri", "HISTORY_VIEW_MONGODB_URI"),
+            ("mongodb-database", "HISTORY_VIEW_MONGODB_DATABASE"),
+            ("mongodb-collection", "HISTORY_VIEW_MONGODB_COLLECTION"),
+            ("mongodb-index-hint", "HISTORY_VIEW_MONGODB_INDEX_HINT"),
+            (
+                "mongodb-fill-index-hint",
+                "HISTORY_VIEW_MONGODB_FILL_INDEX_HINT",
+            ),
+            ("listen", "HISTORY_VIEW_LISTEN"),
+            ("cache-max-bytes", "HISTORY_VIEW_CACHE_MAX_BYTES"),
+            ("cache-idle-secs", "HISTORY_VIEW_CACHE_IDLE_SECS"),
+            ("store-timeout-ms", "HISTORY_VIEW_STORE_TIMEOUT_MS"),
+            (
+                "max-concurrent-hydrations",
+                "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS",
+            ),
+            ("max-thread-bytes", "HISTORY_VIEW_MAX_THREAD_BYTES"),
+            ("persist-lag-ms", "HISTORY_VIEW_PERSIST_LAG_MS"),
+            ("http-max-connections", "HISTORY_VIEW_HTTP_MAX_CONNECTIONS"),
+            ("http-max-in-flight", "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT"),
+            (
+                "http-header-timeout",
+                "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS",
+            ),
+            ("http-idle-timeout", "HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS"),
+            ("shutdown-drain-secs", "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS"),
+            ("api-token", "HISTORY_VIEW_API_TOKEN"),
+            ("log-format", "HISTORY_VIEW_LOG_FORMAT"),
+        ];
+        let command = Config::command();
+        let settings: Vec<(&str, String)> = command
+            .get_arguments()
+            .filter_map(|arg| {
+                let env = arg.get_env()?.to_string_lossy().into_owned();
+                Some((arg.get_long()?, env))
+            })
+            .collect();
+        let pinned: Vec<(&str, String)> = pinned
+            .iter()
+            .map(|(flag, env)| (*flag, (*env).to_owned()))
+            .collect();
+        assert_eq!(settings, pinned);
     }
 }

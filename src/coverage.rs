@@ -21,7 +21,7 @@
 //! Time is a [`Stamp`] on the process's monotonic clock. The rules take `now` from their caller, so they are
 //! tested with a hand-driven clock; the `*_now` wrappers read the real one.
 //!
-//! [design 2.1]: ../docs/design.md#21-the-persister-lag-rule
+//! [design 2.1]: ../docs/design.md#2.1
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

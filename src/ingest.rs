@@ -3,7 +3,7 @@
 //!
 //! One loop applies every event, so no thread's cost may grow with the thread: inserting into a view is amortised
 //! O(1) whatever the order and repetition of its events ([`crate::view`]), and an event for a view that a read is
-//! rendering waits beside the view instead of blocking the loop ([`Views::apply`]).
+//! rendering waits beside the view instead of blocking the loop ([`ViewCache::apply`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,11 +14,11 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::Views;
+use crate::cache::ViewCache;
 use crate::coverage::Coverage;
 use crate::decode::{Decoded, decode_payload};
-use crate::health::Readiness;
 use crate::metrics::{EventOutcome, Metrics};
+use crate::readiness::Readiness;
 use crate::subject::DeliveryKey;
 use crate::telemetry::RateLimit;
 use crate::view::Inserted;
@@ -35,7 +35,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Applies live display events to the views.
 #[derive(Clone)]
 pub struct Ingest {
-    views: Views,
+    views: ViewCache,
     metrics: Metrics,
     readiness: Readiness,
     coverage: Coverage,
@@ -45,7 +45,12 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    pub fn new(views: Views, metrics: Metrics, readiness: Readiness, coverage: Coverage) -> Self {
+    pub fn new(
+        views: ViewCache,
+        metrics: Metrics,
+        readiness: Readiness,
+        coverage: Coverage,
+    ) -> Self {
         Self {
             views,
             metrics,

@@ -189,6 +189,8 @@ pub struct Metrics {
 
 struct Inner {
     registry: Registry,
+    /// Every metric's name and label names, in registration order (even before a labelled metric has a child).
+    described: Vec<(String, Vec<String>)>,
     /// `history_view_events_total` resolved per outcome once, so counting an event is one atomic add.
     events: [IntCounter; EventOutcome::ALL.len()],
     cache_hits: IntCounter,
@@ -230,15 +232,7 @@ impl Metrics {
     /// Only if a metric definition below is invalid (a programming error caught by every test run).
     pub fn new() -> Self {
         let registry = Registry::new();
-        fn reg<T: prometheus::core::Collector + Clone + 'static>(
-            registry: &Registry,
-            metric: T,
-        ) -> T {
-            registry
-                .register(Box::new(metric.clone()))
-                .expect("metric names are unique and valid");
-            metric
-        }
+        let mut described = Vec::new();
         let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
@@ -250,8 +244,9 @@ impl Metrics {
             )
             .expect("valid metric")
         };
-        let events = reg(
+        let events = register(
             &registry,
+            &mut described,
             counter_vec(
                 "history_view_events_total",
                 "NATS messages received, by outcome",
@@ -260,50 +255,44 @@ impl Metrics {
         );
         let inner = Inner {
             events: EventOutcome::ALL.map(|outcome| events.with_label_values(&[outcome.label()])),
-            cache_hits: reg(
-                &registry,
+            cache_hits: register(&registry, &mut described,
                 counter(
                     "history_view_cache_hits_total",
                     "Reads answered from a complete view",
                 ),
             ),
-            cache_misses: reg(
-                &registry,
+            cache_misses: register(&registry, &mut described,
                 counter(
                     "history_view_cache_misses_total",
                     "Reads that found no complete view",
                 ),
             ),
-            hydrations: reg(
-                &registry,
+            hydrations: register(&registry, &mut described,
                 counter_vec(
                     "history_view_hydrations_total",
                     "Views loaded from the store, by result",
                     &["result"],
                 ),
             ),
-            views_downgraded: reg(
-                &registry,
+            views_downgraded: register(&registry, &mut described,
                 counter(
                     "history_view_views_downgraded_total",
-                    "Complete views marked partial after a possible gap",
+                    "Complete views marked partial: found stale at their next use after a possible gap or a \
+                     removal, or after a failed fill",
                 ),
             ),
-            cache_entries: reg(
-                &registry,
+            cache_entries: register(&registry, &mut described,
                 IntGauge::new("history_view_cache_entries", "Thread views held")
                     .expect("valid metric"),
             ),
-            cache_weighted_bytes: reg(
-                &registry,
+            cache_weighted_bytes: register(&registry, &mut described,
                 IntGauge::new(
                     "history_view_cache_weighted_bytes",
                     "Weighted size of the views held, in bytes",
                 )
                 .expect("valid metric"),
             ),
-            store_query_seconds: reg(
-                &registry,
+            store_query_seconds: register(&registry, &mut described,
                 histogram_vec(
                     "history_view_store_query_duration_seconds",
                     "Store query duration, by stage (markers, events, fill)",
@@ -311,24 +300,21 @@ impl Metrics {
                     LATENCY_BUCKETS,
                 ),
             ),
-            store_queries: reg(
-                &registry,
+            store_queries: register(&registry, &mut described,
                 counter_vec(
                     "history_view_store_queries_total",
                     "Store queries, by kind (hydration or background re-read stage, fill)",
                     &["kind"],
                 ),
             ),
-            fills: reg(
-                &registry,
+            fills: register(&registry, &mut described,
                 counter_vec(
                     "history_view_fills_total",
                     "Fills of displays a live marker made visible, by outcome",
                     &["outcome"],
                 ),
             ),
-            read_seconds: reg(
-                &registry,
+            read_seconds: register(&registry, &mut described,
                 histogram_vec(
                     "history_view_read_duration_seconds",
                     "History read duration, by source",
@@ -336,8 +322,7 @@ impl Metrics {
                     LATENCY_BUCKETS,
                 ),
             ),
-            ingest_lag_seconds: reg(
-                &registry,
+            ingest_lag_seconds: register(&registry, &mut described,
                 prometheus::Histogram::with_opts(
                     HistogramOpts::new(
                         "history_view_ingest_lag_seconds",
@@ -347,29 +332,25 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
-            nats_connection_events: reg(
-                &registry,
+            nats_connection_events: register(&registry, &mut described,
                 counter_vec(
                     "history_view_nats_connection_events_total",
                     "NATS connection state changes, by event",
                     &["event"],
                 ),
             ),
-            hydration_slot_timeouts: reg(
-                &registry,
+            hydration_slot_timeouts: register(&registry, &mut described,
                 counter(
                     "history_view_hydration_slot_timeouts_total",
                     "Store reads of whole threads that found no free slot (HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS) \
                      within the store timeout and answered 503",
                 ),
             ),
-            http_connections: reg(
-                &registry,
+            http_connections: register(&registry, &mut described,
                 IntGauge::new("history_view_http_connections", "Open HTTP connections")
                     .expect("valid metric"),
             ),
-            http_refused: reg(
-                &registry,
+            http_refused: register(&registry, &mut described,
                 counter_vec(
                     "history_view_http_refused_total",
                     "Clients turned away: connections beyond HISTORY_VIEW_HTTP_MAX_CONNECTIONS (reason=connections; \
@@ -378,8 +359,7 @@ impl Metrics {
                     &["reason"],
                 ),
             ),
-            http_timeouts: reg(
-                &registry,
+            http_timeouts: register(&registry, &mut described,
                 counter_vec(
                     "history_view_http_timeouts_total",
                     "HTTP connections closed because a request's headers were too slow (kind=header) or no request \
@@ -387,8 +367,7 @@ impl Metrics {
                     &["kind"],
                 ),
             ),
-            thread_limit_exceeded: reg(
-                &registry,
+            thread_limit_exceeded: register(&registry, &mut described,
                 counter_vec(
                     "history_view_thread_limit_exceeded_total",
                     "Threads stopped by HISTORY_VIEW_MAX_THREAD_BYTES: store reads that answered 507 (path=read), \
@@ -396,37 +375,32 @@ impl Metrics {
                     &["path"],
                 ),
             ),
-            markers_skipped: reg(
-                &registry,
+            markers_skipped: register(&registry, &mut described,
                 counter(
                     "history_view_markers_skipped_total",
                     "Visibility marker displays skipped by a store read because their display_id is not a string",
                 ),
             ),
-            index_hint_fallbacks: reg(
-                &registry,
+            index_hint_fallbacks: register(&registry, &mut described,
                 counter(
                     "history_view_index_hint_fallbacks_total",
                     "Store queries retried without the index hint because the index is missing",
                 ),
             ),
-            malformed_warnings: reg(
-                &registry,
+            malformed_warnings: register(&registry, &mut described,
                 counter(
                     "history_view_malformed_event_warnings_total",
                     "Warnings logged about malformed visible events",
                 ),
             ),
-            rereads: reg(
-                &registry,
+            rereads: register(&registry, &mut described,
                 counter_vec(
                     "history_view_background_rereads_total",
                     "Background re-reads of views held partial by the persister-lag bound, by result",
                     &["result"],
                 ),
             ),
-            persister_lag_seconds: reg(
-                &registry,
+            persister_lag_seconds: register(&registry, &mut described,
                 prometheus::Histogram::with_opts(
                     HistogramOpts::new(
                         "history_view_persister_lag_seconds",
@@ -436,18 +410,23 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
-            persister_lag_exceeded: reg(
-                &registry,
+            persister_lag_exceeded: register(&registry, &mut described,
                 counter(
                     "history_view_persister_lag_exceeded_total",
                     "Rows read from the store that were persisted later than HISTORY_VIEW_PERSIST_LAG_MS after created_at",
                 ),
             ),
             registry,
+            described,
         };
         Self {
             inner: Arc::new(inner),
         }
+    }
+
+    /// Every metric's name and label names, in registration order.
+    pub fn described(&self) -> &[(String, Vec<String>)] {
+        &self.inner.described
     }
 
     pub fn hydration_slot_timeout(&self) {
@@ -576,8 +555,73 @@ impl Metrics {
     }
 }
 
+/// Registers `metric` and notes its name and label names.
+fn register<T: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    described: &mut Vec<(String, Vec<String>)>,
+    metric: T,
+) -> T {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique and valid");
+    described.extend(
+        metric
+            .desc()
+            .into_iter()
+            .map(|d| (d.fq_name.clone(), d.variable_labels.clone())),
+    );
+    metric
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Dashboards and alerts name these metrics and labels: a rename here is a breaking change for operators.
+    #[test]
+    fn metric_names_and_labels_are_pinned() {
+        let pinned: [(&str, &[&str]); 24] = [
+            ("history_view_events_total", &["outcome"]),
+            ("history_view_cache_hits_total", &[]),
+            ("history_view_cache_misses_total", &[]),
+            ("history_view_hydrations_total", &["result"]),
+            ("history_view_views_downgraded_total", &[]),
+            ("history_view_cache_entries", &[]),
+            ("history_view_cache_weighted_bytes", &[]),
+            ("history_view_store_query_duration_seconds", &["stage"]),
+            ("history_view_store_queries_total", &["kind"]),
+            ("history_view_fills_total", &["outcome"]),
+            ("history_view_read_duration_seconds", &["source"]),
+            ("history_view_ingest_lag_seconds", &[]),
+            ("history_view_nats_connection_events_total", &["event"]),
+            ("history_view_hydration_slot_timeouts_total", &[]),
+            ("history_view_http_connections", &[]),
+            ("history_view_http_refused_total", &["reason"]),
+            ("history_view_http_timeouts_total", &["kind"]),
+            ("history_view_thread_limit_exceeded_total", &["path"]),
+            ("history_view_markers_skipped_total", &[]),
+            ("history_view_index_hint_fallbacks_total", &[]),
+            ("history_view_malformed_event_warnings_total", &[]),
+            ("history_view_background_rereads_total", &["result"]),
+            ("history_view_persister_lag_seconds", &[]),
+            ("history_view_persister_lag_exceeded_total", &[]),
+        ];
+        let metrics = Metrics::new();
+        let described: Vec<(&str, Vec<&str>)> = metrics
+            .described()
+            .iter()
+            .map(|(name, labels)| (name.as_str(), labels.iter().map(String::as_str).collect()))
+            .collect();
+        let pinned: Vec<(&str, Vec<&str>)> = pinned
+            .iter()
+            .map(|(name, labels)| (*name, labels.to_vec()))
+            .collect();
+        assert_eq!(described, pinned);
     }
 }

@@ -1,6 +1,7 @@
 //! The pure projector: a thread's decoded events and the read's primary identity become the OpenAI-style
-//! [`HistoryResponse`] plus the metadata-only warnings aihub would log (contract sections 5, 6 and 7). No I/O, no
-//! async: the same function serves the live view and the store path, so equal event sets give identical output.
+//! [`HistoryResponse`] plus the metadata-only warnings aihub would log (contract sections [5](../docs/contract.md#5),
+//! [6](../docs/contract.md#6) and [7](../docs/contract.md#7)). No I/O, no async: the same function serves the live view
+//! and the store path, so equal event sets give identical output.
 
 use std::collections::{HashMap, HashSet};
 
@@ -23,7 +24,8 @@ pub enum Role {
     Assistant,
 }
 
-/// One history message; `content` is always a list of parts, never a plain string (contract 5.6).
+/// One history message; `content` is always a list of parts, never a plain string ([contract
+/// 5.6](../docs/contract.md#5.6)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HistoryMessage {
     pub role: Role,
@@ -45,7 +47,8 @@ pub enum WarningKind {
     UnsupportedAudio { format: Box<str> },
 }
 
-/// A metadata-only warning about one visible event (contract 5.7). It never carries payload text.
+/// A metadata-only warning about one visible event ([contract 5.7](../docs/contract.md#5.7)). It never carries payload
+/// text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Warning {
     pub thread_id: String,
@@ -118,8 +121,9 @@ pub struct Projection {
     pub warnings: Vec<Warning>,
 }
 
-/// Displays on which a `UserAgent` marker landed: the client-visible surfaces (contract 5.1). Computed over every
-/// event, malformed ones included: a malformed marker still makes its display visible.
+/// Displays on which a `UserAgent` marker landed: the client-visible surfaces ([contract
+/// 5.1](../docs/contract.md#5.1)). Computed over every event, malformed ones included: a malformed marker still makes
+/// its display visible.
 fn visible_displays<'a>(events: impl IntoIterator<Item = &'a ViewEvent>) -> HashSet<&'a str> {
     events
         .into_iter()
@@ -128,7 +132,8 @@ fn visible_displays<'a>(events: impl IntoIterator<Item = &'a ViewEvent>) -> Hash
         .collect()
 }
 
-/// Ordering validation (contract 6): every key field a non-empty string (ValueError), then `created_at` an integer.
+/// Ordering validation ([contract 6](../docs/contract.md#6)): every key field a non-empty string (ValueError), then
+/// `created_at` an integer.
 pub fn validate(event: &ViewEvent) -> Result<i64, ErrorType> {
     if event.key.missing_field().is_some() {
         return Err(ErrorType::ValueError);
@@ -136,8 +141,10 @@ pub fn validate(event: &ViewEvent) -> Result<i64, ErrorType> {
     event.created_at
 }
 
-/// Projects events in store order, exactly as aihub does: visibility, then validation of the visible events (in
-/// input order), dedup by delivery key (first occurrence wins), sort by `(created_at, event_id, key)`, transcript.
+/// The reference projector: events in store order, projected exactly as aihub does (visibility, then validation of
+/// the visible events in input order, dedup by delivery key with the first occurrence winning, sort by
+/// `(created_at, event_id, key)`, transcript). The worker itself serves views through [`project_view`]; this one
+/// is what the tests and the fuzz targets hold it to (the conformance cases, and the property that both agree).
 pub fn project(events: &[ViewEvent], primary: Option<&Identity>) -> Projection {
     let visible = visible_displays(events);
     let mut warnings = Vec::new();
@@ -185,7 +192,8 @@ pub fn project_view<'a>(
     )
 }
 
-/// The transcript builder of contract 5.3 driven by the dispatch of 5.4.
+/// The transcript builder of [contract 5.3](../docs/contract.md#5.3) driven by the dispatch of
+/// [5.4](../docs/contract.md#5.4).
 fn build<'a>(
     events: impl Iterator<Item = &'a ViewEvent>,
     primary: Option<&Identity>,
@@ -256,15 +264,23 @@ fn build<'a>(
     }
 }
 
-/// The prefix rule (contract 7): the unstreamed remainder when what streamed is an exact prefix of the full answer;
-/// nothing when they diverge. `str::strip_prefix` compares bytes, so slicing after it is always on a boundary.
+/// The prefix rule ([contract 7](../docs/contract.md#7)): the unstreamed remainder when what streamed is an exact
+/// prefix of the full answer; nothing when they diverge. `str::strip_prefix` compares bytes, so slicing after it is
+/// always on a boundary.
 pub fn missing_suffix<'a>(streamed: &str, full: &'a str) -> &'a str {
     full.strip_prefix(streamed).unwrap_or("")
 }
 
+/// A message being built, with the display it belongs to (merging is per display).
+struct Turn<'a> {
+    role: Role,
+    display: &'a str,
+    content: Vec<Part>,
+}
+
 #[derive(Default)]
 struct Transcript<'a> {
-    messages: Vec<(Role, &'a str, Vec<Part>)>,
+    messages: Vec<Turn<'a>>,
     /// Assistant text added on each display since the last user segment there: what a stop's answer is compared
     /// with.
     assistant_text: HashMap<&'a str, String>,
@@ -283,28 +299,34 @@ impl<'a> Transcript<'a> {
     fn add_user_parts(&mut self, display: &'a str, parts: impl IntoIterator<Item = Part>) {
         self.start_user_segment(display);
         match self.messages.last_mut() {
-            Some((Role::User, d, content)) if *d == display => content.extend(parts),
-            _ => self
-                .messages
-                .push((Role::User, display, parts.into_iter().collect())),
+            Some(turn) if turn.role == Role::User && turn.display == display => {
+                turn.content.extend(parts)
+            }
+            _ => self.messages.push(Turn {
+                role: Role::User,
+                display,
+                content: parts.into_iter().collect(),
+            }),
         }
     }
 
     fn add_assistant_text(&mut self, display: &'a str, text: &str) {
         match self.messages.last_mut() {
-            Some((Role::Assistant, d, content)) if *d == display => match content.last_mut() {
-                Some(Part::Text { text: last }) => last.push_str(text),
-                _ => content.push(Part::Text {
-                    text: text.to_owned(),
-                }),
-            },
-            _ => self.messages.push((
-                Role::Assistant,
+            Some(turn) if turn.role == Role::Assistant && turn.display == display => {
+                match turn.content.last_mut() {
+                    Some(Part::Text { text: last }) => last.push_str(text),
+                    _ => turn.content.push(Part::Text {
+                        text: text.to_owned(),
+                    }),
+                }
+            }
+            _ => self.messages.push(Turn {
+                role: Role::Assistant,
                 display,
-                vec![Part::Text {
+                content: vec![Part::Text {
                     text: text.to_owned(),
                 }],
-            )),
+            }),
         }
         self.assistant_text
             .entry(display)
@@ -317,7 +339,10 @@ impl<'a> Transcript<'a> {
             messages: self
                 .messages
                 .into_iter()
-                .map(|(role, _, content)| HistoryMessage { role, content })
+                .map(|turn| HistoryMessage {
+                    role: turn.role,
+                    content: turn.content,
+                })
                 .collect(),
         }
     }

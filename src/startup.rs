@@ -11,13 +11,13 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cache::Views;
+use crate::cache::ViewCache;
 use crate::config::Config;
 use crate::coverage::Coverage;
-use crate::health::Readiness;
 use crate::http::{AppState, TokenDigest, accept_loop, reserve_router, router};
 use crate::ingest::{self, Ingest, ProbeSubscription};
 use crate::metrics::Metrics;
+use crate::readiness::Readiness;
 use crate::store::Store;
 
 /// The OpenAPI description of the HTTP API, served as JSON at `/openapi.json`.
@@ -64,12 +64,12 @@ impl Application {
         )
         .await
         .context("invalid --mongodb-uri (HISTORY_VIEW_MONGODB_URI)")?;
-        let views = Views::new(
+        let views = ViewCache::new(
             store.clone(),
             metrics.clone(),
             coverage.clone(),
             config.cache_max_bytes,
-            config.cache_idle_secs,
+            config.cache_idle,
             config.max_concurrent_hydrations,
         );
 
@@ -200,11 +200,11 @@ impl Application {
             },
         };
 
-        tracing::info!(drain = ?config.shutdown_drain_secs, "stopping: no new events or connections; draining");
+        tracing::info!(drain = ?config.shutdown_drain, "stopping: no new events or connections; draining");
         stop.cancel();
         state_views.stop_background();
         tracker.close();
-        let drained = tokio::time::timeout(config.shutdown_drain_secs, async {
+        let drained = tokio::time::timeout(config.shutdown_drain, async {
             let _ = (&mut server_task).await;
             // Idle keep-alive connections close at once; the others after their request.
             connections.close();

@@ -1,11 +1,11 @@
-//! The store path: aihub's two-stage query over the existing `agent_events` collection (contract section 4), with
-//! standard MongoDB commands only, rows decoded by the shared decoder. It reads; it never writes, creates
-//! collections or builds indexes.
+//! The store path: aihub's two-stage query over the existing `agent_events` collection ([contract section
+//! 4](../docs/contract.md#4)), with standard MongoDB commands only, rows decoded by the shared decoder. It reads; it
+//! never writes, creates collections or builds indexes.
 //!
-//! Stage 1 finds the client-visible displays (the distinct displays of `UserAgent` display markers); stage 2 fetches the
-//! projectable families on those displays, sorted, with a projection of only what the decoder reads. Both stages
-//! name the index with a hint (worker.md 2b); when the store says the index does not exist, they run again without
-//! it, and that is logged once per process and counted.
+//! Stage 1 finds the client-visible displays (the distinct displays of `UserAgent` display markers); stage 2 fetches
+//! the projectable families on those displays, sorted, with a projection of only what the decoder reads. Both stages
+//! name the index with a hint ([design 2b](../docs/design.md#2b)); when the store says the index does not exist, they
+//! run again without it, and that is logged once per process and counted.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,7 +105,7 @@ impl From<MongoError> for StoreError {
 
 /// A thread's events as the two-stage query returns them.
 #[derive(Debug, Default)]
-pub struct ThreadRows {
+pub struct ThreadEvents {
     /// The displays stage 1 found visible: what stage 2 covered.
     pub displays: Vec<String>,
     /// Decoded relevant rows, in store order (sorted by `created_at`, `event_id`).
@@ -277,7 +277,7 @@ impl Store {
         thread_id: &str,
         hydration: Hydration,
         deadline: Instant,
-    ) -> Result<ThreadRows, StoreError> {
+    ) -> Result<ThreadEvents, StoreError> {
         self.bounded(deadline, self.query(thread_id, hydration, deadline))
             .await
     }
@@ -353,7 +353,7 @@ impl Store {
         thread_id: &str,
         hydration: Hydration,
         deadline: Instant,
-    ) -> Result<ThreadRows, StoreError> {
+    ) -> Result<ThreadEvents, StoreError> {
         let started = Instant::now();
         let limit = self.inner.max_thread_bytes;
         let (markers, skipped_markers) = self
@@ -365,17 +365,18 @@ impl Store {
             .metrics
             .store_query(QueryKind::Markers(hydration), started.elapsed());
         if markers.is_empty() {
-            // Fail closed: legacy threads without markers reconstruct as empty history (contract 4). Any client
-            // can ask for a thread that does not exist, so the warning is rate-limited.
+            // Fail closed: legacy threads without markers reconstruct as empty history ([contract
+            // 4](../docs/contract.md#4)). Any client can ask for a thread that does not exist, so the warning is
+            // rate-limited.
             if self.inner.no_marker_warnings.allow() {
                 tracing::warn!(
                     thread_id,
                     "No client-visible display marker found for thread history"
                 );
             }
-            return Ok(ThreadRows {
+            return Ok(ThreadEvents {
                 skipped_markers,
-                ..ThreadRows::default()
+                ..ThreadEvents::default()
             });
         }
         // The displays count against the limit as the view holds them.
@@ -403,7 +404,7 @@ impl Store {
         self.inner
             .metrics
             .store_query(QueryKind::Events(hydration), started.elapsed());
-        Ok(ThreadRows {
+        Ok(ThreadEvents {
             displays: markers,
             events,
             skipped_markers,
@@ -459,8 +460,9 @@ impl Store {
                 }
                 // Missing or null: no display a client sees.
                 Ok(None | Some(RawBsonRef::Null)) => {}
-                // Any other type cannot be part of a delivery key (contract 6), so no event of it is projected;
-                // it must not reach stage 2's `$in` either, where a document like `{"$ne": 1}` is an error.
+                // Any other type cannot be part of a delivery key ([contract 6](../docs/contract.md#6)), so no event of
+                // it is projected; it must not reach stage 2's `$in` either, where a document like `{"$ne": 1}` is an
+                // error.
                 _ => skipped += 1,
             }
         }

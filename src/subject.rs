@@ -1,4 +1,5 @@
-//! NATS subject → [`DeliveryKey`]: the 9-token grammar of aihub display events (contract sections 1 and 6).
+//! NATS subject → [`DeliveryKey`]: the 9-token grammar of aihub display events (contract sections
+//! [1](../docs/contract.md#1) and [6](../docs/contract.md#6)).
 //!
 //! `agent.<agent_class>.<agent_id>.<thread_id>.<display_id>.<run_id>.<event_type>.<event_name>.<event_id>`
 //!
@@ -8,7 +9,8 @@
 use std::cmp::Ordering;
 use std::fmt;
 
-/// The fields of a delivery key, in the order of the subject and of the contract's dedup tuple.
+/// The fields of a delivery key, in the order of the subject and of the contract's dedup tuple ([contract
+/// 6](../docs/contract.md#6)).
 pub const KEY_FIELDS: [&str; 8] = [
     "agent_class",
     "agent_id",

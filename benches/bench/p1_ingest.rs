@@ -359,7 +359,7 @@ fn insert_pass(messages: &[Message]) -> HashMap<String, ThreadView> {
     let mut views: HashMap<String, ThreadView> = HashMap::new();
     for message in messages {
         if let Decoded::Event(event) = decode(message) {
-            // The worker's `Views::apply` also owns the thread id per event.
+            // The worker's `ViewCache::apply` also owns the thread id per event.
             let thread = event.key.thread_id().to_owned();
             views.entry(thread).or_default().insert(event);
         }

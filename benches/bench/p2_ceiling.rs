@@ -10,12 +10,13 @@ use axum::body::Bytes;
 use axum::http::{HeaderValue, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use chat_history_view::cache::Views;
+use chat_history_view::cache::ViewCache;
 use chat_history_view::config::Config;
 use chat_history_view::coverage::Coverage;
-use chat_history_view::health::Readiness;
+use chat_history_view::http::SOURCE_HEADER;
 use chat_history_view::http::{AppState, accept_loop, reserve_router, router_with};
 use chat_history_view::metrics::Metrics;
+use chat_history_view::readiness::Readiness;
 use chat_history_view::startup::openapi_json;
 use chat_history_view::store::Store;
 use tokio_util::sync::CancellationToken;
@@ -87,12 +88,12 @@ async fn serve(
     )
     .await
     .expect("a store client");
-    let views = Views::new(
+    let views = ViewCache::new(
         store,
         metrics.clone(),
         coverage.clone(),
         config.cache_max_bytes,
-        config.cache_idle_secs,
+        config.cache_idle,
         config.max_concurrent_hydrations,
     );
     let state = AppState {
@@ -116,7 +117,7 @@ async fn serve(
                     (header::ETAG, etag),
                     (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
                     (
-                        header::HeaderName::from_static("x-history-source"),
+                        header::HeaderName::from_static(SOURCE_HEADER),
                         HeaderValue::from_static("cache"),
                     ),
                 ],

@@ -88,7 +88,7 @@ pub fn print_header(settings: &Settings) {
         .and_then(|rest| rest.split_once(':'))
         .map_or("unknown", |(_, model)| model.trim());
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    println!("chat-history-view benchmark (worker.md section 7)");
+    println!("chat-history-view benchmark (docs/design.md section 7)");
     println!("machine: {cores} cores (nproc), {model}");
     println!(
         "worker:  {} (release, separate process)",

@@ -12,8 +12,8 @@ use crate::data;
 use crate::servers::{MongoServer, NatsServer};
 use crate::worker::Worker;
 
-/// The only index the bench creates: the one both store stages may name (worker.md 2b). aihub's other nine
-/// indexes would make every insert several times slower on the local server without changing any read here.
+/// The only index the bench creates: the one both store stages may name ([design 2b](../../docs/design.md#2b)). aihub's
+/// other nine indexes would make every insert several times slower on the local server without changing any read here.
 pub const HINT_INDEX: &str = chat_history_view::config::DEFAULT_INDEX_HINT;
 /// Rows per `insert_many`.
 const INSERT_BATCH: usize = 1000;

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use chat_history_view::http::SOURCE_HEADER;
 
 pub use crate::process_memory::{Memory, memory};
 use crate::setup::Setup;
@@ -144,9 +145,9 @@ impl Worker {
         self.get(&format!("/v1/threads/{thread}/history")).await
     }
 
-    /// Reads `thread` until the answer comes from memory. A view first read within the persister-lag bound after
-    /// the worker confirmed its subscription is completed by a background re-read once the bound has passed
-    /// (docs/design.md 2.1); this waits for that re-read instead of reading the store again and again.
+    /// Reads `thread` until the answer comes from memory. A view first read within the persister-lag bound after the
+    /// worker confirmed its subscription is completed by a background re-read once the bound has passed ([design
+    /// 2.1](../../docs/design.md#2.1)); this waits for that re-read instead of reading the store again and again.
     pub async fn read_until_cached(&self, thread: &str) -> Reply {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -230,7 +231,7 @@ pub async fn get(http: &reqwest::Client, url: &str) -> Reply {
     let status = response.status().as_u16();
     let source = response
         .headers()
-        .get("x-history-source")
+        .get(SOURCE_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();

@@ -11,6 +11,7 @@ mod conversation;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use chat_history_view::http::SOURCE_HEADER;
 use conversation::{EXPECTED, PRIMARY, rows, subject, transcript};
 
 #[tokio::main(flavor = "current_thread")]
@@ -89,7 +90,7 @@ async fn run() -> anyhow::Result<bool> {
         let response = http.get(&url).send().await?;
         let source = response
             .headers()
-            .get("x-history-source")
+            .get(SOURCE_HEADER)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("?")
             .to_owned();

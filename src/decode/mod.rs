@@ -40,7 +40,7 @@ pub const DISPLAY_EVENT: &str = "display_event";
 pub const USER_AGENT: &str = "UserAgent";
 
 /// The exception class aihub's projector would have raised for a malformed event; it is the `error_type` of the
-/// metadata-only warning (contract 5.7).
+/// metadata-only warning ([contract 5.7](../../docs/contract.md#5.7)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum ErrorType {
     TypeError,
@@ -64,7 +64,7 @@ impl fmt::Display for ErrorType {
     }
 }
 
-/// One OpenAI content part of a history message (contract 5.6).
+/// One OpenAI content part of a history message ([contract 5.6](../../docs/contract.md#5.6)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Part {
@@ -94,7 +94,8 @@ pub struct UserContent {
     pub parts: Result<Vec<Part>, ErrorType>,
 }
 
-/// What a relevant event contributes, by the first projector branch it matches (contract 5.4).
+/// What a relevant event contributes, by the first projector branch it matches ([contract
+/// 5.4](../../docs/contract.md#5.4)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Body {
     /// Branch 1: a `UserAgent` UserMessageEvent (a marker).
@@ -206,7 +207,8 @@ fn non_empty_text(value: Option<&Value>) -> Result<Box<str>, ErrorType> {
     }
 }
 
-/// `created_at` must be an integer and not a bool (contract 6). A missing `event_data` mapping is a TypeError too.
+/// `created_at` must be an integer and not a bool ([contract 6](../../docs/contract.md#6)). A missing `event_data`
+/// mapping is a TypeError too.
 ///
 /// Chosen: integers outside int64 (which MongoDB cannot store) count as malformed.
 fn created_at(value: Option<&Value>) -> Result<i64, ErrorType> {

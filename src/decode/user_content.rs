@@ -264,6 +264,14 @@ mod tests {
     use crate::decode::testing::{body, key, payload};
     use crate::decode::{Body, USER_AGENT};
 
+    /// The content decoded from a `UserAgent` user message payload.
+    fn user_message(payload_json: Value) -> UserContent {
+        match body(payload(key(USER_AGENT, "UserMessageEvent"), payload_json)) {
+            Body::UserMessage(content) => content,
+            other => panic!("not a user message: {other:?}"),
+        }
+    }
+
     fn audio(value: Value, format: Value) -> Value {
         json!({"_parent_event_names": ["UserMessageEvent"], "created_at": 1, "messages": [
             {"role": "user", "blocks": [{"block_type": "audio", "audio": value, "format": format}]}]})
@@ -272,13 +280,7 @@ mod tests {
     #[test]
     fn legacy_int_list_audio_is_base64_encoded() {
         let bytes: Vec<u8> = b"encoded-audio".to_vec();
-        let b = body(payload(
-            key(USER_AGENT, "UserMessageEvent"),
-            audio(json!(bytes), json!("wav")),
-        ));
-        let Body::UserMessage(content) = b else {
-            panic!()
-        };
+        let content = user_message(audio(json!(bytes), json!("wav")));
         assert_eq!(
             content.parts,
             Ok(vec![Part::InputAudio {
@@ -292,13 +294,7 @@ mod tests {
 
     #[test]
     fn audio_that_already_is_base64_is_kept() {
-        let b = body(payload(
-            key(USER_AGENT, "UserMessageEvent"),
-            audio(json!("ZW5jb2RlZC1hdWRpbw=="), json!("mp3")),
-        ));
-        let Body::UserMessage(content) = b else {
-            panic!()
-        };
+        let content = user_message(audio(json!("ZW5jb2RlZC1hdWRpbw=="), json!("mp3")));
         assert_eq!(
             content.parts,
             Ok(vec![Part::InputAudio {
@@ -312,36 +308,18 @@ mod tests {
 
     #[test]
     fn boolean_byte_lists_fail_validation() {
-        let b = body(payload(
-            key(USER_AGENT, "UserMessageEvent"),
-            audio(json!([true, false]), json!("wav")),
-        ));
-        let Body::UserMessage(content) = b else {
-            panic!()
-        };
+        let content = user_message(audio(json!([true, false]), json!("wav")));
         assert_eq!(content.parts, Err(ErrorType::ValidationError));
     }
 
     #[test]
     fn unsupported_audio_is_reported_and_a_missing_format_is_guessed() {
-        let b = body(payload(
-            key(USER_AGENT, "UserMessageEvent"),
-            audio(json!("abc"), json!("ogg")),
-        ));
-        let Body::UserMessage(content) = b else {
-            panic!()
-        };
+        let content = user_message(audio(json!("abc"), json!("ogg")));
         assert_eq!(content.unsupported_audio, vec!["ogg".into()]);
         assert_eq!(content.parts, Err(ErrorType::ValueError));
 
         let wav: Vec<u8> = b"RIFF\0\0\0\0WAVEfmt ".to_vec();
-        let b = body(payload(
-            key(USER_AGENT, "UserMessageEvent"),
-            audio(json!(wav), Value::Null),
-        ));
-        let Body::UserMessage(content) = b else {
-            panic!()
-        };
+        let content = user_message(audio(json!(wav), Value::Null));
         assert!(
             matches!(&content.parts.unwrap()[0], Part::InputAudio { input_audio } if input_audio.format == "wav")
         );
@@ -368,12 +346,7 @@ mod tests {
             json!({"_parent_event_names": ["UserMessageEvent"], "created_at": 1, "messages": [
                 {"role": "user", "blocks": [{"block_type": "image", "url": url}, {"block_type": "text", "text": "t"}]}]})
         };
-        let Body::UserMessage(c) = body(payload(
-            key(USER_AGENT, "U"),
-            msg(json!("HTTPS://Example.COM")),
-        )) else {
-            panic!()
-        };
+        let c = user_message(msg(json!("HTTPS://Example.COM")));
         assert_eq!(
             c.parts.unwrap()[0],
             Part::ImageUrl {
@@ -382,10 +355,7 @@ mod tests {
                 }
             }
         );
-        let Body::UserMessage(c) = body(payload(key(USER_AGENT, "U"), msg(json!("not a url"))))
-        else {
-            panic!()
-        };
+        let c = user_message(msg(json!("not a url")));
         assert_eq!(c.parts, Err(ErrorType::ValidationError));
     }
 
@@ -414,12 +384,9 @@ mod tests {
             ),
         ];
         for (messages, expected) in cases {
-            let Body::UserMessage(c) = body(payload(
-                key(USER_AGENT, "U"),
+            let c = user_message(
                 json!({"_parent_event_names": ["UserMessageEvent"], "created_at": 1, "messages": messages}),
-            )) else {
-                panic!()
-            };
+            );
             assert_eq!(c.parts, Err(expected), "{messages}");
         }
     }

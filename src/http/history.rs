@@ -15,6 +15,9 @@ use crate::cache::Answer;
 use crate::project::Identity;
 
 /// Longest accepted thread id, in bytes.
+/// The response header saying where a history came from: `cache` or `store`.
+pub const SOURCE_HEADER: &str = "x-history-source";
+
 pub const MAX_THREAD_ID_BYTES: usize = 256;
 
 /// A thread id that can be a NATS subject token: non-empty, at most 256 bytes, no `.`, `*`, `>`, whitespace or
@@ -51,8 +54,8 @@ impl ThreadId {
     }
 }
 
-/// aihub's `str_to_object_id` (contract 8.3) for a non-empty id: a 24-hex id in any case becomes lowercase,
-/// anything else the hex of the first 12 bytes of its UTF-8 MD5 digest.
+/// aihub's `str_to_object_id` ([contract 8.3](../../docs/contract.md#8.3)) for a non-empty id: a 24-hex id in any case
+/// becomes lowercase, anything else the hex of the first 12 bytes of its UTF-8 MD5 digest.
 pub fn canonical_object_id(id: &str) -> String {
     if id.len() == 24 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return id.to_ascii_lowercase();
@@ -158,7 +161,7 @@ fn respond(answer: Answer, request_headers: &HeaderMap) -> Response {
         headers.insert(header::ETAG, etag);
     }
     headers.insert(
-        "x-history-source",
+        SOURCE_HEADER,
         HeaderValue::from_static(answer.source.label()),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));

@@ -1,9 +1,9 @@
-//! The HTTP API (worker.md section 3): `router(state)` and the shared `AppState`. Handlers are thin: extract,
-//! call one function, map the result.
+//! The HTTP API ([design section 3](../../docs/design.md#3)): `router(state)` and the shared `AppState`. Handlers are
+//! thin: extract, call one function, map the result.
 
 mod error;
-mod health;
 mod history;
+mod operations;
 mod serve;
 
 use std::sync::Arc;
@@ -19,18 +19,18 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
 pub use error::ApiError;
-pub use history::{ThreadId, canonical_object_id};
+pub use history::{SOURCE_HEADER, ThreadId, canonical_object_id};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
 
-use crate::cache::Views;
+use crate::cache::ViewCache;
 use crate::config::Secret;
-use crate::health::Readiness;
 use crate::metrics::{HttpRefusal, Metrics};
+use crate::readiness::Readiness;
 
 /// What every handler may use. Cloning is cheap.
 #[derive(Clone)]
 pub struct AppState {
-    pub views: Views,
+    pub views: ViewCache,
     pub metrics: Metrics,
     pub readiness: Readiness,
     /// When set, `/v1/*` requires `Authorization: Bearer <token>`.
@@ -78,10 +78,10 @@ pub fn reserve_router(state: AppState) -> Router {
 
 fn operations(router: Router<AppState>) -> Router<AppState> {
     router
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
-        .route("/openapi.json", get(health::openapi))
+        .route("/healthz", get(operations::healthz))
+        .route("/readyz", get(operations::readyz))
+        .route("/metrics", get(operations::metrics))
+        .route("/openapi.json", get(operations::openapi))
 }
 
 async fn not_found() -> ApiError {

@@ -10,7 +10,6 @@ use serde_json::Value;
 pub struct Case {
     pub name: String,
     /// The thread the rows belong to; the store and live paths read it.
-    #[allow(dead_code)]
     pub thread_id: String,
     pub primary: Option<Primary>,
     pub paths: Vec<String>,

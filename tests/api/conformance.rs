@@ -84,7 +84,7 @@ async fn every_store_case_passes_end_to_end() {
             if let Some(failure) = check(&case, "store", &reply) {
                 return Some(failure);
             }
-            (reply.header("x-history-source") != Some("store"))
+            (reply.source() != Some("store"))
                 .then(|| format!("{}: a cold read must come from the store", case.name))
         }
     })

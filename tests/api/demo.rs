@@ -28,6 +28,6 @@ async fn the_demo_conversation_reconstructs_as_expected_live_and_from_the_store(
     let stored = rows("stored");
     app.store.insert_rows(&stored).await;
     let reply = app.api.history("stored", &query).await;
-    assert_eq!(reply.header("x-history-source"), Some("store"));
+    assert_eq!(reply.source(), Some("store"));
     assert_eq!(transcript(&reply.json()), expected(), "{}", reply.body);
 }

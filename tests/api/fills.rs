@@ -28,7 +28,7 @@ async fn persisted_conversation(scene: &Scene, thread: &str) -> Conversation {
 async fn worker_after_first_read(
     scene: &Scene,
     nats_url: String,
-    store_timeout_ms: &str,
+    store_timeout: &str,
     conversation: &Conversation,
 ) -> BinaryApp {
     let app = scene
@@ -36,7 +36,7 @@ async fn worker_after_first_read(
             nats_url,
             &[
                 ("HISTORY_VIEW_PERSIST_LAG_MS", "0"),
-                ("HISTORY_VIEW_STORE_TIMEOUT_MS", store_timeout_ms),
+                ("HISTORY_VIEW_STORE_TIMEOUT_MS", store_timeout),
             ],
         )
         .await;
@@ -45,7 +45,7 @@ async fn worker_after_first_read(
         .history(&conversation.thread, &Conversation::query())
         .await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    assert_eq!(reply.header("x-history-source"), Some("store"));
+    assert_eq!(reply.source(), Some("store"));
     assert_eq!(reply.json(), conversation.expected());
     app
 }
@@ -110,12 +110,7 @@ async fn the_multi_turn_read_pattern_is_served_from_memory_after_each_threads_fi
                     "{}",
                     conversation.thread
                 );
-                sources.push(
-                    reply
-                        .header("x-history-source")
-                        .unwrap_or_default()
-                        .to_owned(),
-                );
+                sources.push(reply.source().unwrap_or_default().to_owned());
                 let rows = conversation.next_turn();
                 publish_rows(&scene.publisher, &rows).await;
                 scene.store.insert_rows(&rows).await;
@@ -175,7 +170,7 @@ async fn a_hitl_answer_reveals_a_display_whose_events_were_persisted_turns_earli
         .api
         .history(&conversation.thread, &Conversation::query())
         .await;
-    assert_eq!(revealed.header("x-history-source"), Some("cache"));
+    assert_eq!(revealed.source(), Some("cache"));
     assert_eq!(revealed.json(), conversation.expected());
     assert!(revealed.body.contains("may I ask 1?"), "{}", revealed.body);
     ends_in_cache(&scene, &app.api, &conversation).await;
@@ -197,11 +192,7 @@ async fn a_read_during_a_fill_waits_for_it_instead_of_hydrating() {
     wait_metric(&app.api, "history_view_cache_misses_total", 2.0).await;
     scene.mongo.resume();
     let waited = read.await.expect("the read task");
-    assert_eq!(
-        waited.header("x-history-source"),
-        Some("store"),
-        "it waited for the fill"
-    );
+    assert_eq!(waited.source(), Some("store"), "it waited for the fill");
     assert_eq!(waited.json(), conversation.expected());
     let metrics = app.api.metrics().await;
     assert_eq!(fills(&metrics, "complete"), 1.0, "{metrics}");
@@ -224,6 +215,13 @@ async fn a_failed_fill_leaves_the_view_partial_and_the_next_read_hydrates() {
     let answer_turn = conversation.next_turn();
     publish_rows(&scene.publisher, &answer_turn).await;
     wait_metric(&app.api, "history_view_fills_total{outcome=\"error\"}", 1.0).await;
+    // The failed fill made the complete view partial, and says so (no read has found a stale view yet).
+    assert!(
+        metric(
+            &app.api.metrics().await,
+            "history_view_views_downgraded_total"
+        ) >= 1.0
+    );
     scene.mongo.resume();
     app.wait_ready().await;
     scene.store.insert_rows(&answer_turn).await;
@@ -232,7 +230,7 @@ async fn a_failed_fill_leaves_the_view_partial_and_the_next_read_hydrates() {
         .api
         .history(&conversation.thread, &Conversation::query())
         .await;
-    assert_eq!(next.header("x-history-source"), Some("store"));
+    assert_eq!(next.source(), Some("store"));
     assert_eq!(next.json(), conversation.expected());
     ends_in_cache(&scene, &app.api, &conversation).await;
 }

@@ -181,7 +181,7 @@ async fn a_flood_up_to_the_connection_cap_leaves_the_probes_reachable() {
 async fn reads_beyond_the_in_flight_cap_answer_503_at_once() {
     let app = spawn_app_with(|c| {
         c.http_max_in_flight = 1;
-        c.store_timeout_ms = Duration::from_secs(5);
+        c.store_timeout = Duration::from_secs(5);
     })
     .await;
     // A frozen store holds the one read in flight.

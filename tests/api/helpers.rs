@@ -7,10 +7,11 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use chat_history_view::config::{Config, LogFormat};
+use chat_history_view::http::SOURCE_HEADER;
 use chat_history_view::startup::Application;
 use clap::Parser;
 use mongodb::IndexModel;
-use mongodb::bson::{Document, doc};
+use mongodb::bson::Document;
 use mongodb::options::IndexOptions;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -18,7 +19,7 @@ use tokio::sync::oneshot;
 use crate::servers::{MongoServer, NatsServer};
 use crate::threads;
 
-/// aihub's index set on `agent_events` (contract section 3), by name.
+/// aihub's index set on `agent_events` ([contract section 3](../../docs/contract.md#3)), by name.
 pub const AIHUB_INDEXES: [(&str, &[&str]); 10] = [
     ("thread_id_1_event_type_1", &["thread_id", "event_type"]),
     ("agent_id_1_event_type_1", &["agent_id", "event_type"]),
@@ -171,6 +172,10 @@ impl Reply {
     }
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    /// Where the history came from (`cache` or `store`), if the reply says.
+    pub fn source(&self) -> Option<&str> {
+        self.header(SOURCE_HEADER)
     }
 }
 
@@ -465,11 +470,6 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         self.signal_stop();
     }
-}
-
-#[allow(dead_code)]
-pub fn document(value: Value) -> Document {
-    mongodb::bson::to_document(&value).unwrap_or_else(|_| doc! {})
 }
 
 /// A `UserAgent` user message row (a visibility marker) with one text block.

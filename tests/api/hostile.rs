@@ -99,12 +99,7 @@ async fn subjects_that_are_not_utf8_are_counted_without_a_reconnect_or_a_downgra
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let reply = app.api.history(thread, "").await;
-        assert_eq!(
-            reply.header("x-history-source"),
-            Some("cache"),
-            "{}",
-            reply.body
-        );
+        assert_eq!(reply.source(), Some("cache"), "{}", reply.body);
         if reply.body.contains("after") {
             break;
         }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use chat_history_view::http::SOURCE_HEADER;
 
 /// How often a probe is published.
 pub const PROBE_EVERY: Duration = Duration::from_millis(5);
@@ -126,7 +127,7 @@ pub async fn probe(
         let reply = http.get(&url).send().await.expect("read the probe thread");
         if reply
             .headers()
-            .get("x-history-source")
+            .get(SOURCE_HEADER)
             .is_none_or(|source| source != "cache")
         {
             not_from_cache += 1;

@@ -16,12 +16,12 @@ async fn a_matching_if_none_match_gives_304_and_the_second_read_comes_from_the_c
         .await;
     let first = app.api.history("t1", "").await;
     assert_eq!(first.status, 200);
-    assert_eq!(first.header("x-history-source"), Some("store"));
+    assert_eq!(first.source(), Some("store"));
     let etag = first.header("etag").expect("an ETag").to_owned();
     assert!(etag.starts_with('"') && etag.ends_with('"'), "{etag}");
 
     let second = app.api.history("t1", "").await;
-    assert_eq!(second.header("x-history-source"), Some("cache"));
+    assert_eq!(second.source(), Some("cache"));
     assert_eq!(second.header("etag"), Some(etag.as_str()));
     assert_eq!(second.body, first.body);
 

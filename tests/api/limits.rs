@@ -146,7 +146,7 @@ async fn a_live_view_that_outgrows_the_limit_leaves_the_cache_and_its_reads_answ
     let reply = app.api.history(thread, "").await;
     assert_eq!(reply.status, 507, "{:.300}", reply.body);
     assert_eq!(reply.json()["error"]["code"], "thread_too_large");
-    assert_eq!(reply.header("x-history-source"), None);
+    assert_eq!(reply.source(), None);
     // Other threads are not touched.
     let neighbour = read_until_cache(&app.api, other, "").await;
     assert_eq!(neighbour.json()["messages"][0], turns(&[("user", "Q")])[0]);

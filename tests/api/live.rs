@@ -29,10 +29,7 @@ async fn read_until(
         let reply = api.history(thread, query).await;
         assert_eq!(reply.status, 200, "{}", reply.body);
         let body = reply.json();
-        let source = reply
-            .header("x-history-source")
-            .unwrap_or_default()
-            .to_owned();
+        let source = reply.source().unwrap_or_default().to_owned();
         if check(&body) || Instant::now() > deadline {
             return (body, source);
         }
@@ -48,7 +45,7 @@ async fn an_event_published_live_appears_in_the_next_read_of_a_complete_view() {
         .insert_rows(&[user_row(thread, "d1", "e1", 1, "Q")])
         .await;
     let first = app.api.history(thread, "").await;
-    assert_eq!(first.header("x-history-source"), Some("store"));
+    assert_eq!(first.source(), Some("store"));
     assert_eq!(first.json()["messages"], turns(&[("user", "Q")]));
 
     // Published live only: the store never gets it.
@@ -119,7 +116,7 @@ async fn live_view_store_path_and_projector_converge_on_random_threads() {
     cold.store.insert_rows(&delivered).await;
     for (i, (id, thread, with_primary)) in generated.iter().enumerate() {
         let stored = cold.api.history(id, &query(*with_primary)).await;
-        assert_eq!(stored.header("x-history-source"), Some("store"));
+        assert_eq!(stored.source(), Some("store"));
         let primary = with_primary.then(|| Identity {
             agent_class: PRIMARY.0.into(),
             agent_id: PRIMARY.1.into(),
@@ -149,14 +146,8 @@ async fn a_nats_restart_downgrades_views_and_events_written_during_the_outage_ap
     app.store
         .insert_rows(&[user_row(thread, "d1", "e1", 1, "Q")])
         .await;
-    assert_eq!(
-        app.api.history(thread, "").await.header("x-history-source"),
-        Some("store")
-    );
-    assert_eq!(
-        app.api.history(thread, "").await.header("x-history-source"),
-        Some("cache")
-    );
+    assert_eq!(app.api.history(thread, "").await.source(), Some("store"));
+    assert_eq!(app.api.history(thread, "").await.source(), Some("cache"));
 
     // Events keep flowing for another thread while the server goes away and comes back.
     let url = app.nats.url();
@@ -359,10 +350,7 @@ async fn a_slow_consumer_drop_downgrades_complete_views() {
         .insert_rows(&[user_row(thread, "d1", "e1", 1, "Q")])
         .await;
     app.api.history(thread, "").await;
-    assert_eq!(
-        app.api.history(thread, "").await.header("x-history-source"),
-        Some("cache")
-    );
+    assert_eq!(app.api.history(thread, "").await.source(), Some("cache"));
 
     // Far more than the subscription buffers, as fast as the publisher can go.
     let flood: Vec<_> = (0..20_000)
@@ -371,10 +359,7 @@ async fn a_slow_consumer_drop_downgrades_complete_views() {
     publish_rows(&app.publisher, &flood).await;
     crate::scene::wait_drops(&app.api, 1.0).await;
     // The view that may have missed events is hydrated again, and counted as downgraded when found so.
-    assert_eq!(
-        app.api.history(thread, "").await.header("x-history-source"),
-        Some("store")
-    );
+    assert_eq!(app.api.history(thread, "").await.source(), Some("store"));
     let metrics = app.api.metrics().await;
     assert_eq!(
         metric(&metrics, "history_view_views_downgraded_total"),
@@ -407,10 +392,7 @@ async fn a_hidden_display_made_visible_live_brings_back_its_earlier_persisted_ev
         app.api.history(thread, "").await.json()["messages"],
         turns(&[("user", "Q"), ("assistant", "A")])
     );
-    assert_eq!(
-        app.api.history(thread, "").await.header("x-history-source"),
-        Some("cache")
-    );
+    assert_eq!(app.api.history(thread, "").await.source(), Some("cache"));
 
     // The user's answer lands on the hidden display (live, and persisted by aihub): both question and answer appear.
     let mut answer = user_row(thread, "d-hidden", "a1", 4, "");

@@ -54,3 +54,5 @@ mod shutdown;
 mod operations;
 // The demo conversation behind `make run`.
 mod demo;
+// Relative links in comments and docs resolve; cited rules are links.
+mod links;

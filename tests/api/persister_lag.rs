@@ -33,7 +33,7 @@ async fn a_conversation_published_before_the_worker_started_appears_once_persist
     let app = scene.worker(scene.nats.url(), &[]).await;
     let first = app.api.history(thread, "").await;
     assert_eq!(messages(&first), json!([]));
-    assert_eq!(first.header("x-history-source"), Some("store"));
+    assert_eq!(first.source(), Some("store"));
 
     // The persister catches up within the bound; the view is completed in the background, without a reader.
     scene.store.insert_rows(&rows).await;
@@ -44,7 +44,7 @@ async fn a_conversation_published_before_the_worker_started_appears_once_persist
     )
     .await;
     let next = app.api.history(thread, "").await;
-    assert_eq!(next.header("x-history-source"), Some("cache"));
+    assert_eq!(next.source(), Some("cache"));
     assert_eq!(
         messages(&next),
         turns(&[("user", "Q"), ("assistant", "answer")])
@@ -73,7 +73,7 @@ async fn events_missed_while_the_link_to_nats_was_cut_appear_once_persisted() {
     // The persister is behind: the store lacks both events, and so does the answer; the view stays partial.
     let behind = app.api.history(thread, "").await;
     assert_eq!(messages(&behind), turns(&[("user", "Q")]));
-    assert_eq!(behind.header("x-history-source"), Some("store"));
+    assert_eq!(behind.source(), Some("store"));
     scene.store.insert_rows(&missed).await;
     scene
         .assert_served_from_cache(
@@ -155,7 +155,7 @@ async fn an_event_held_only_by_an_expired_entry_appears_once_persisted() {
     // The thread's next entry reads the store, which lacks the event: partial, not complete.
     let recreated = app.api.history(thread, "").await;
     assert_eq!(messages(&recreated), turns(&[("user", "Q")]));
-    assert_eq!(recreated.header("x-history-source"), Some("store"));
+    assert_eq!(recreated.source(), Some("store"));
     scene.store.insert_rows(&[late]).await;
     scene
         .assert_served_from_cache(
@@ -205,7 +205,7 @@ async fn an_event_held_only_by_an_evicted_entry_appears_once_persisted() {
             .await;
         expected.push_str(&text);
         let after = app.api.history(thread, "").await;
-        let evicted = after.header("x-history-source") == Some("store");
+        let evicted = after.source() == Some("store");
         if evicted {
             assert!(
                 !after.body.contains(&text),

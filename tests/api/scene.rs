@@ -76,7 +76,7 @@ impl Scene {
     pub async fn cold_read(&self, thread: &str, query: &str) -> Reply {
         let fresh = self.worker(self.nats.url(), &[]).await;
         let reply = fresh.api.history(thread, query).await;
-        assert_eq!(reply.header("x-history-source"), Some("store"));
+        assert_eq!(reply.source(), Some("store"));
         reply
     }
 
@@ -115,7 +115,7 @@ pub async fn read_until_cache(api: &Api, thread: &str, query: &str) -> Reply {
     loop {
         let reply = api.history(thread, query).await;
         assert_eq!(reply.status, 200, "{}", reply.body);
-        if reply.header("x-history-source") == Some("cache") {
+        if reply.source() == Some("cache") {
             return reply;
         }
         assert!(

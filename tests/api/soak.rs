@@ -198,7 +198,7 @@ fn readers(
                 };
                 let was_calm = calm.load(Ordering::SeqCst);
                 let reply = api.history(thread, &query).await;
-                let source = reply.header("x-history-source").unwrap_or("-").to_owned();
+                let source = reply.source().unwrap_or("-").to_owned();
                 if was_calm && calm.load(Ordering::SeqCst) {
                     reads.calm_total.fetch_add(1, Ordering::Relaxed);
                     if source == "cache" {
@@ -322,7 +322,7 @@ async fn compare(worker: &Api, fresh: &Api, store: &TestStore, names: &[String])
             let served = worker.history(thread, &query).await;
             let cold = fresh.history(thread, &query).await;
             let expected = json!(project(events, identity).history.messages);
-            let source = served.header("x-history-source").unwrap_or("-").to_owned();
+            let source = served.source().unwrap_or("-").to_owned();
             if served.status != 200 || cold.status != 200 {
                 divergences.push(format!(
                     "{thread} ?{query}: status {} (cold {})",

@@ -121,10 +121,6 @@ impl Readiness {
         }
     }
 
-    pub fn is_ready(&self) -> bool {
-        self.nats().ok && self.store().ok
-    }
-
     /// Pings the store every [`STORE_PING_INTERVAL`] until `stop` is cancelled.
     pub async fn ping_store_until(self, store: Store, stop: CancellationToken) {
         let mut was_ok = None;
