@@ -55,14 +55,30 @@ impl Family {
         }
     }
 
-    /// The family a parent class name names, if any.
+    /// The family a parent class name names, if any (the inverse of [`Family::parent`]; a `match`, as this runs for
+    /// every parent of every live event).
     pub fn from_parent(name: &str) -> Option<Family> {
-        Family::ALL.into_iter().find(|f| f.parent() == name)
+        match name {
+            "UserMessageEvent" => Some(Family::UserMessage),
+            "HumanInTheLoopResponseEvent" => Some(Family::HitlResponse),
+            "ChunkEvent" => Some(Family::Chunk),
+            "HumanInTheLoopRequestEvent" => Some(Family::HitlRequest),
+            "StopEvent" => Some(Family::Stop),
+            _ => None,
+        }
     }
 
-    /// The family whose branch reads the `event_data` field `name`, if any.
+    /// The family whose branch reads the `event_data` field `name`, if any (the inverse of [`Family::field`]; runs
+    /// for every top-level key of every live payload).
     pub fn from_field(name: &str) -> Option<Family> {
-        Family::ALL.into_iter().find(|f| f.field() == name)
+        match name {
+            "messages" => Some(Family::UserMessage),
+            "response" => Some(Family::HitlResponse),
+            "content" => Some(Family::Chunk),
+            "question" => Some(Family::HitlRequest),
+            "output_messages" => Some(Family::Stop),
+            _ => None,
+        }
     }
 
     /// The parent class names of `families`, for the store's filters.
@@ -140,6 +156,7 @@ impl Branch {
 mod tests {
     use super::*;
 
+    /// `parent`/`from_parent` and `field`/`from_field` are written as two matches each: this keeps them inverse.
     #[test]
     fn names_and_fields_map_back_to_their_family() {
         for family in Family::ALL {
