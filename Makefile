@@ -4,17 +4,18 @@
 #   make services-up      start NATS and SecantusDB on 127.0.0.1 (left running)
 #   make services-down    stop them
 #   make services-status  show whether they run
-#   make test             fmt, clippy, release build, tests (with NATS_URL/MONGODB_URI), chart check
+#   make test             installs the servers, then fmt, clippy, release build, tests, chart check; every test
+#                         starts its own nats-server and Mongo-wire server (it may stop, freeze or restart them)
 #   make run              the service against the local servers (or scripts/demo.sh)
 #   make soak             overlapping faults under load on the release worker, 5 cycles over 200 threads (SOAK_SECS,
 #                         SOAK_THREADS; tests/api/soak.rs); a one-cycle version runs in `make test`
 #   make fuzz             the decoders' fuzz targets, 60 s each (FUZZ_SECS, FUZZ_RUNS, FUZZ_TARGETS: scripts/fuzz.sh)
 #   make bench            the performance targets (docs/design.md section 7): installs the servers, builds the
-#                         release binary, runs benches/bench.rs (it starts its own servers and workers)
+#                         release binary, runs benches/bench/main.rs (it starts its own servers and workers)
 #
-# `test` and `run` stop, on exit (also on failure or Ctrl-C), exactly the servers
-# that they started themselves; servers that were already running stay up. The
-# exit code of the failing step is kept.
+# `run` stops, on exit (also on failure or Ctrl-C), exactly the servers that it
+# started itself; servers that were already running stay up. The exit code of the
+# failing step is kept. `test` starts none: it only installs them for the tests.
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -45,12 +46,12 @@ services-status:
 	@$(SERVICES) status
 
 test:
-	@$(with_services); \
-	echo "==> NATS_URL=$$NATS_URL MONGODB_URI=$$MONGODB_URI" >&2; \
+	@$(SERVICES) install >&2; \
+	echo "==> servers installed in .tools/venv/bin; each test starts its own" >&2; \
 	echo "==> cargo fmt --check" >&2; \
 	cargo fmt --check; \
-	echo "==> cargo clippy --all-targets -- -D warnings" >&2; \
-	cargo clippy --all-targets -- -D warnings; \
+	echo "==> cargo clippy --workspace --all-targets -- -D warnings" >&2; \
+	cargo clippy --workspace --all-targets -- -D warnings; \
 	echo "==> cargo build --release --bin chat-history-view (scenarios that measure keeping up run it)" >&2; \
 	cargo build --release --bin chat-history-view; \
 	echo "==> cargo test --all-targets" >&2; \

@@ -299,12 +299,10 @@ fn parse_subject(value: &str) -> Result<String, String> {
 /// connection strings are refused here, at start-up, rather than failing on first use.
 fn check_mongodb_uri(uri: &Secret) -> Result<(), String> {
     let value = uri.expose();
-    if value.starts_with("mongodb://") {
+    if value.starts_with("mongodb://") || value.starts_with("mongodb+srv://") {
         Ok(())
-    } else if value.starts_with("mongodb+srv://") {
-        Err("mongodb+srv:// (SRV lookup) is not supported by this build; give the hosts as a mongodb:// seed list".into())
     } else {
-        Err("must start with mongodb://".into())
+        Err("must start with mongodb:// or mongodb+srv://".into())
     }
 }
 
@@ -441,10 +439,6 @@ mod tests {
             (&["--store-timeout-ms", "0"][..], "--store-timeout-ms"),
             (&["--listen", "nowhere"][..], "--listen"),
             (&["--mongodb-uri", "postgres://x"][..], "--mongodb-uri"),
-            (
-                &["--mongodb-uri", "mongodb+srv://cluster.example.org"][..],
-                "--mongodb-uri",
-            ),
             (&["--nats-url", "nats://a b"][..], "--nats-url"),
             (&["--log-format", "xml"][..], "--log-format"),
             (&["--subject", "agent..x"][..], "--subject"),
@@ -521,6 +515,16 @@ mod tests {
             parse(&["--persist-lag-ms", "0"]).unwrap().persist_lag,
             Duration::ZERO
         );
+    }
+
+    #[test]
+    fn srv_uris_are_accepted() {
+        let config = parse(&[
+            "--mongodb-uri",
+            "mongodb+srv://cluster.example.org/?tls=false",
+        ])
+        .unwrap();
+        assert!(config.mongodb_uri.expose().starts_with("mongodb+srv://"));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use mongodb::bson::oid::ObjectId;
 use mongodb::bson::raw::RawBsonRef;
 use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 use mongodb::error::{Error as MongoError, ErrorKind};
-use mongodb::options::{ClientOptions, Hint};
+use mongodb::options::{ClientOptions, ConnectionString, Hint};
 use mongodb::{Client, Collection, Database};
 
 use crate::decode::{
@@ -121,10 +121,14 @@ pub struct Store {
 }
 
 struct Inner {
-    database: Database,
-    collection: Collection<RawDocumentBuf>,
-    /// The same collection through the fills' own client.
-    fill_collection: Collection<RawDocumentBuf>,
+    /// `HISTORY_VIEW_MONGODB_URI`, already checked by [`ConnectionString::parse`]; never logged (it may hold a
+    /// password).
+    uri: String,
+    database_name: String,
+    collection_name: String,
+    /// The driver's clients, made once the URI resolves: a `mongodb+srv://` URI needs its SRV (and TXT) records
+    /// first, so a DNS failure leaves this empty and every store call tries again (the readiness ping every second).
+    clients: tokio::sync::OnceCell<Clients>,
     /// The index both hydration stages name.
     thread_hint: IndexHint,
     /// The index a fill names.
@@ -141,6 +145,14 @@ struct Inner {
     no_marker_warnings: RateLimit,
     /// Rate limit of the warning about reads stopped by the per-thread limit.
     too_large_warnings: RateLimit,
+}
+
+/// The collection through the driver's clients.
+struct Clients {
+    database: Database,
+    collection: Collection<RawDocumentBuf>,
+    /// The same collection through the fills' own client.
+    fill_collection: Collection<RawDocumentBuf>,
 }
 
 /// What the store client is configured with.
@@ -207,7 +219,9 @@ impl IndexHint {
 }
 
 impl Store {
-    /// Prepares a client; it connects lazily, so a store that is down does not stop start-up (readiness shows it).
+    /// Prepares the store; it connects lazily, so a store that is down does not stop start-up (readiness shows
+    /// it). A `mongodb+srv://` URI whose DNS records cannot be resolved now does not stop it either: the worker
+    /// starts, its readiness names the store, and resolution is tried again on every store call.
     ///
     /// # Errors
     /// The URI cannot be parsed or names options the driver rejects.
@@ -224,26 +238,14 @@ impl Store {
             persist_lag,
             max_thread_bytes,
         } = settings;
-        let mut options = ClientOptions::parse(uri).await?;
-        options
-            .app_name
-            .get_or_insert_with(|| "chat-history-view".to_owned());
-        // A store that is down must fail a read within the read timeout, not the driver's 30 s default.
-        options.server_selection_timeout = Some(timeout);
-        options.connect_timeout.get_or_insert(timeout);
-        // Fills get a client (and so a connection pool) of their own: a fill holds up the reads of its thread, so
-        // it must not queue behind other threads' hydrations for a connection.
-        let mut fill_options = options.clone();
-        fill_options.max_pool_size = Some(FILL_POOL_SIZE);
-        let fill_client = Client::with_options(fill_options)?;
-        let client = Client::with_options(options)?;
-        let fill_collection = fill_client.database(&database).collection(&collection);
-        let database = client.database(&database);
-        Ok(Self {
+        // The syntax and the options are checked now, without DNS.
+        ConnectionString::parse(uri)?;
+        let store = Self {
             inner: Arc::new(Inner {
-                collection: database.collection(&collection),
-                fill_collection,
-                database,
+                uri: uri.to_owned(),
+                database_name: database,
+                collection_name: collection,
+                clients: tokio::sync::OnceCell::new(),
                 thread_hint: IndexHint::new(hints.thread),
                 display_hint: IndexHint::new(hints.display),
                 timeout,
@@ -254,7 +256,58 @@ impl Store {
                 no_marker_warnings: RateLimit::default(),
                 too_large_warnings: RateLimit::default(),
             }),
-        })
+        };
+        match tokio::time::timeout(timeout, store.clients()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(StoreError::Query(error)))
+                if !matches!(error.kind.as_ref(), ErrorKind::DnsResolve { .. }) =>
+            {
+                return Err(error);
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, cause = ?std::error::Error::source(&error).map(ToString::to_string),
+                    "the store's address does not resolve yet; retrying (readiness names the store until it does)");
+            }
+            Err(_) => tracing::warn!(
+                ?timeout,
+                "the store's address did not resolve within the store timeout; retrying"
+            ),
+        }
+        Ok(store)
+    }
+
+    /// The driver's clients, made on first use: resolving a `mongodb+srv://` URI needs DNS, which may fail now
+    /// and succeed later (every caller bounds this by its own timeout).
+    async fn clients(&self) -> Result<&Clients, StoreError> {
+        self.inner
+            .clients
+            .get_or_try_init(|| async {
+                let inner = &self.inner;
+                let mut options = ClientOptions::parse(inner.uri.as_str())
+                    .await
+                    .map_err(StoreError::Query)?;
+                options
+                    .app_name
+                    .get_or_insert_with(|| "chat-history-view".to_owned());
+                // A store that is down must fail a read within the read timeout, not the driver's 30 s default.
+                options.server_selection_timeout = Some(inner.timeout);
+                options.connect_timeout.get_or_insert(inner.timeout);
+                // Fills get a client (and so a connection pool) of their own: a fill holds up the reads of its
+                // thread, so it must not queue behind other threads' hydrations for a connection.
+                let mut fill_options = options.clone();
+                fill_options.max_pool_size = Some(FILL_POOL_SIZE);
+                let fill_client = Client::with_options(fill_options).map_err(StoreError::Query)?;
+                let client = Client::with_options(options).map_err(StoreError::Query)?;
+                let database = client.database(&inner.database_name);
+                Ok(Clients {
+                    collection: database.collection(&inner.collection_name),
+                    fill_collection: fill_client
+                        .database(&inner.database_name)
+                        .collection(&inner.collection_name),
+                    database,
+                })
+            })
+            .await
     }
 
     /// `HISTORY_VIEW_MAX_THREAD_BYTES`: a view holding more leaves the cache.
@@ -305,18 +358,19 @@ impl Store {
             .max_thread_bytes
             .saturating_mul(wanted.len().max(1));
         let events = self
-            .bounded(
-                deadline,
+            .bounded(deadline, async {
+                let clients = self.clients().await?;
                 self.with_hint_fallback(&self.inner.display_hint, |hint| {
                     self.find_events(
-                        &self.inner.fill_collection,
+                        &clients.fill_collection,
                         fill_filter(&threads, &displays),
                         None,
                         hint,
                         Bounds { deadline, budget },
                     )
-                }),
-            )
+                })
+                .await
+            })
             .await?;
         self.inner
             .metrics
@@ -341,11 +395,17 @@ impl Store {
     /// [`StoreError`] when it does not.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let timeout = self.inner.timeout;
-        tokio::time::timeout(timeout, self.inner.database.run_command(doc! {"ping": 1}))
-            .await
-            .map_err(|_| StoreError::Timeout(timeout))?
-            .map(|_| ())
-            .map_err(StoreError::Query)
+        tokio::time::timeout(timeout, async {
+            let clients = self.clients().await?;
+            clients
+                .database
+                .run_command(doc! {"ping": 1})
+                .await
+                .map(|_| ())
+                .map_err(StoreError::Query)
+        })
+        .await
+        .map_err(|_| StoreError::Timeout(timeout))?
     }
 
     async fn query(
@@ -386,10 +446,11 @@ impl Store {
         };
         let displays: Vec<Bson> = markers.iter().map(|d| Bson::from(d.as_str())).collect();
         let started = Instant::now();
+        let clients = self.clients().await?;
         let events = self
             .with_hint_fallback(&self.inner.thread_hint, |hint| {
                 self.find_events(
-                    &self.inner.collection,
+                    &clients.collection,
                     events_filter(thread_id, &displays),
                     Some(events_sort()),
                     hint,
@@ -438,7 +499,8 @@ impl Store {
         deadline: Instant,
     ) -> Result<(Vec<String>, u64), StoreError> {
         let mut action = self
-            .inner
+            .clients()
+            .await?
             .collection
             .aggregate(markers_pipeline(thread_id))
             .max_time(time_left(deadline));

@@ -1,22 +1,15 @@
-//! The events the bench stores and streams, in aihub's persisted row shape (as `tests/api/helpers.rs` builds them):
+//! The events the bench stores and streams, in aihub's persisted row shape (`test_support::rows`):
 //! `UserAgent` user messages (the markers that make a display visible) and chunks of about 100 bytes. A row becomes
 //! a store document, or a NATS message: the row's 9-token subject with `event_data` as the JSON payload.
 
 use async_nats::Subject;
 use bytes::Bytes;
-use mongodb::bson::Document;
-use serde_json::{Value, json};
+use serde_json::Value;
+pub use test_support::rows::document;
+use test_support::rows::{self, Event};
 
 /// First `created_at` (ns); events of a thread are 1 µs apart in sequence order.
 const BASE_CREATED_AT: i64 = 1_764_000_000_000_000_000;
-const MARKER_PARENTS: [&str; 5] = [
-    "UserMessageEvent",
-    "StartEvent",
-    "ControlAndDisplayEvent",
-    "DisplayEvent",
-    "ControlEvent",
-];
-const CHUNK_PARENTS: [&str; 2] = ["ChunkEvent", "DisplayEvent"];
 /// The agent that streams the answers.
 const AGENT: (&str, &str) = ("BenchAgent", "bench-1");
 const USER: (&str, &str) = ("UserAgent", "user-1");
@@ -38,16 +31,18 @@ pub fn display(thread: &str, turn: usize, displays: usize) -> String {
 
 /// A `UserAgent` user message on `display`: a visibility marker and a user turn (about 50 bytes of text).
 pub fn marker(thread: &str, display: &str, seq: usize) -> Value {
-    let event_id = event_id(thread, seq);
     let text = format!("question {seq}: what does the quarterly report say?");
-    json!({
-        "agent_class": USER.0, "agent_id": USER.1, "thread_id": thread, "display_id": display,
-        "run_id": "run-1", "event_id": event_id, "event_type": "display_event", "event_name": "UserMessageEvent",
-        "event_parents": MARKER_PARENTS,
-        "event_data": {"event_id": event_id, "created_at": created_at(seq), "_event_name": "UserMessageEvent",
-            "_parent_event_names": MARKER_PARENTS,
-            "messages": [{"role": "user", "additional_kwargs": {}, "blocks": [{"block_type": "text", "text": text}]}]}
-    })
+    Event {
+        agent: USER,
+        thread,
+        display,
+        run: "run-1",
+        event_id: &event_id(thread, seq),
+        name: "UserMessageEvent",
+        parents: rows::USER_MESSAGE,
+        created_at: created_at(seq),
+    }
+    .row(rows::user_message(&text))
 }
 
 /// A chunk of about 100 bytes of answer text on `display`.
@@ -57,19 +52,17 @@ pub fn chunk(thread: &str, display: &str, seq: usize) -> Value {
 
 /// A chunk with the given text.
 pub fn chunk_with_text(thread: &str, display: &str, seq: usize, text: &str) -> Value {
-    let event_id = event_id(thread, seq);
-    json!({
-        "agent_class": AGENT.0, "agent_id": AGENT.1, "thread_id": thread, "display_id": display,
-        "run_id": "run-1", "event_id": event_id, "event_type": "display_event", "event_name": "ChunkEvent",
-        "event_parents": CHUNK_PARENTS,
-        "event_data": {"event_id": event_id, "created_at": created_at(seq), "_event_name": "ChunkEvent",
-            "_parent_event_names": CHUNK_PARENTS, "content": text, "model_name": "m"}
-    })
-}
-
-/// A row as a store document.
-pub fn document(row: &Value) -> Document {
-    mongodb::bson::to_document(row).expect("a bench row converts to BSON")
+    Event {
+        agent: AGENT,
+        thread,
+        display,
+        run: "run-1",
+        event_id: &event_id(thread, seq),
+        name: "ChunkEvent",
+        parents: rows::CHUNK,
+        created_at: created_at(seq),
+    }
+    .row(rows::chunk(text))
 }
 
 /// A row as aihub publishes it, serialized once up front.
@@ -82,10 +75,8 @@ pub struct Message {
 impl Message {
     pub fn from_row(row: &Value) -> Self {
         Self {
-            subject: Subject::from(subject(row)),
-            payload: Bytes::from(
-                serde_json::to_vec(&row["event_data"]).expect("event_data serializes"),
-            ),
+            subject: Subject::from(rows::subject(row)),
+            payload: Bytes::from(rows::payload(row)),
         }
     }
 
@@ -95,17 +86,6 @@ impl Message {
             .await
             .expect("publish to NATS");
     }
-}
-
-/// `agent.<agent_class>.<agent_id>.<thread_id>.<display_id>.<run_id>.display_event.<event_name>.<event_id>`
-/// (the demo's mapping, `examples/demo/conversation.rs`).
-pub fn subject(row: &Value) -> String {
-    let field = |name: &str| row[name].as_str().unwrap_or_default();
-    chat_history_view::subject::KEY_FIELDS
-        .iter()
-        .fold("agent".to_owned(), |subject, name| {
-            format!("{subject}.{}", field(name))
-        })
 }
 
 /// The shape of a stored thread: `turns` turns, each a marker followed by `events_per_turn - 1` chunks, the turns

@@ -1,4 +1,4 @@
-//! The project's benchmark: the performance targets of [design section 7](../docs/design.md#7), each measured as a
+//! The project's benchmark: the performance targets of [design section 7](../../docs/design.md#7), each measured as a
 //! ratio or a bound in one run, side by side with its baseline, against real servers. The worker runs as the release
 //! binary in its own process, configured by environment, exactly as it is deployed.
 //!
@@ -13,46 +13,17 @@
 //! Each measurement starts its own worker process(es) on its own database; the NATS and Mongo-wire servers are
 //! shared by the run. Progress goes to stderr, the table to stdout.
 
-// The test suite's server guards. Their stop, pause and restart helpers serve the tests, not the benchmark.
-#[path = "../tests/api/servers.rs"]
-#[allow(dead_code)]
-mod servers;
-
-// The bench's own modules live in benches/bench/ (a crate root looks for modules beside itself, and every other
-// file directly in benches/ would become a bench target of its own).
-#[path = "bench/data.rs"]
 mod data;
-#[path = "bench/p1_ingest.rs"]
 mod p1_ingest;
-#[path = "bench/p2_cache_reads.rs"]
 mod p2_cache_reads;
-#[path = "bench/p2_ceiling.rs"]
 mod p2_ceiling;
-#[path = "bench/p3_p4_store.rs"]
 mod p3_p4_store;
-#[path = "bench/p5_memory.rs"]
 mod p5_memory;
-#[path = "bench/p6_freshness.rs"]
 mod p6_freshness;
-#[path = "bench/p7_multi_turn.rs"]
 mod p7_multi_turn;
-#[path = "bench/p8_hot_thread.rs"]
 mod p8_hot_thread;
-#[path = "../tests/api/process_memory.rs"]
-mod process_memory;
-#[path = "bench/report.rs"]
 mod report;
-#[path = "../tests/api/scrape.rs"]
-mod scrape;
-#[path = "bench/setup.rs"]
 mod setup;
-// One hot thread against probes on another, shared with the tests.
-#[path = "../tests/api/hot_thread.rs"]
-mod hot_thread;
-// aihub's multi-turn conversations, shared with the tests.
-#[path = "../tests/api/turns.rs"]
-mod turns;
-#[path = "bench/worker.rs"]
 mod worker;
 
 use std::future::Future;

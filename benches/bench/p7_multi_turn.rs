@@ -20,8 +20,8 @@ use mongodb::options::IndexOptions;
 use crate::data::Message;
 use crate::report::{Row, progress};
 use crate::setup::Setup;
-use crate::turns::Conversation;
 use crate::worker::Worker;
+use test_support::turns::Conversation;
 
 const THREADS: usize = 50;
 const TURNS: usize = 10;

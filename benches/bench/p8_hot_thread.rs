@@ -18,10 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::data;
-use crate::hot_thread::{self, Published};
 use crate::report::{Row, fmt_count, fmt_duration, progress, quantile};
 use crate::setup::Setup;
 use crate::worker::Worker;
+use test_support::hot_thread::{self, Published};
 
 const EVENTS: usize = 100_000;
 const PROBE_THREAD: &str = "p8-probe";

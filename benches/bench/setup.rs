@@ -9,8 +9,8 @@ use mongodb::options::IndexOptions;
 use serde_json::Value;
 
 use crate::data;
-use crate::servers::{MongoServer, NatsServer};
 use crate::worker::Worker;
+use test_support::servers::{MongoServer, NatsServer};
 
 /// The only index the bench creates: the one both store stages may name ([design 2b](../../docs/design.md#2b)). aihub's
 /// other nine indexes would make every insert several times slower on the local server without changing any read here.

@@ -1,26 +1,24 @@
-//! The worker under test: the release binary as a child process, configured by environment, on a port the bench
-//! picks; HTTP helpers for it; its memory and CPU time from `/proc`.
+//! The worker under test: the release binary as a child process ([`WorkerProcess`]), configured by environment;
+//! HTTP helpers for it; its memory and CPU time from `/proc`.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chat_history_view::http::SOURCE_HEADER;
 
-pub use crate::process_memory::{Memory, memory};
+pub use test_support::memory::{Memory, memory};
+use test_support::process::READY_TIMEOUT;
+use test_support::worker::WorkerProcess;
+
 use crate::setup::Setup;
 
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A running worker process; killed (and its log removed) on drop.
+/// A running worker process (killed, and its log removed, on drop) and an HTTP client for it.
 pub struct Worker {
-    child: Child,
+    process: WorkerProcess,
     base_url: String,
     http: reqwest::Client,
-    dir: PathBuf,
 }
 
 /// One HTTP answer of the worker.
@@ -53,48 +51,41 @@ impl Worker {
     /// Defaults: the index hints disabled (see `p3_p4_store`), a 256 MiB cache, JSON logs at `warn`. `env` overrides
     /// them or sets more. `HISTORY_VIEW_*` variables of the bench's own environment are not passed on.
     pub async fn start(setup: &Setup, database: &str, env: &[(&str, &str)]) -> Self {
-        let port = free_port();
-        let dir =
-            std::env::temp_dir().join(format!("chv-bench-worker-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a temp dir for the worker log");
-        let log = std::fs::File::create(dir.join("worker.log")).expect("the worker log file");
-        let mut command = Command::new(&setup.settings.worker_bin);
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("HISTORY_VIEW_") {
-                command.env_remove(name);
-            }
-        }
-        command
-            .env("HISTORY_VIEW_NATS_URL", setup.nats_url())
-            .env("HISTORY_VIEW_MONGODB_URI", setup.mongo_uri())
-            .env("HISTORY_VIEW_MONGODB_DATABASE", database)
-            .env("HISTORY_VIEW_LISTEN", format!("127.0.0.1:{port}"))
-            .env("HISTORY_VIEW_CACHE_MAX_BYTES", "256MiB")
-            .env("HISTORY_VIEW_MONGODB_INDEX_HINT", "")
-            .env("HISTORY_VIEW_MONGODB_FILL_INDEX_HINT", "")
-            .env("HISTORY_VIEW_LOG_FORMAT", "json")
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("a second handle on the worker log"))
-            .stderr(log);
-        let child = command.spawn().unwrap_or_else(|e| {
-            panic!(
-                "cannot start the worker {}: {e}",
-                setup.settings.worker_bin.display()
-            )
-        });
-        let mut worker = Self {
-            child,
-            base_url: format!("http://127.0.0.1:{port}"),
+        let defaults: Vec<(&'static str, String)> = vec![
+            ("HISTORY_VIEW_NATS_URL", setup.nats_url()),
+            ("HISTORY_VIEW_MONGODB_URI", setup.mongo_uri()),
+            ("HISTORY_VIEW_MONGODB_DATABASE", database.to_owned()),
+            ("HISTORY_VIEW_CACHE_MAX_BYTES", "256MiB".to_owned()),
+            ("HISTORY_VIEW_MONGODB_INDEX_HINT", String::new()),
+            ("HISTORY_VIEW_MONGODB_FILL_INDEX_HINT", String::new()),
+            ("RUST_LOG", "warn".to_owned()),
+        ];
+        let extra: Vec<(String, String)> = env
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        let program = setup.settings.worker_bin.clone();
+        let process = tokio::task::spawn_blocking(move || {
+            let mut env = defaults;
+            env.extend(
+                extra
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.clone())),
+            );
+            WorkerProcess::start(program, Vec::new(), &env)
+        })
+        .await
+        .expect("the worker starts");
+        let worker = Self {
+            base_url: process.base_url(),
+            process,
             http: reqwest::Client::new(),
-            dir,
         };
         worker.wait_ready().await;
         worker
     }
 
-    async fn wait_ready(&mut self) {
+    async fn wait_ready(&self) {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Ok(response) = self
@@ -106,12 +97,6 @@ impl Worker {
             {
                 return;
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "the worker exited with {status} before it was ready:\n{}",
-                    self.log_tail()
-                );
-            }
             assert!(
                 Instant::now() < deadline,
                 "the worker was not ready within {READY_TIMEOUT:?}:\n{}",
@@ -122,7 +107,7 @@ impl Worker {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     pub fn base_url(&self) -> &str {
@@ -131,9 +116,7 @@ impl Worker {
 
     /// The last lines the worker logged (it logs at `warn`, so usually nothing).
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.dir.join("worker.log")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        self.process.log_tail()
     }
 
     pub async fn get(&self, path: &str) -> Reply {
@@ -212,15 +195,6 @@ impl Worker {
     }
 }
 
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // SIGKILL: nothing of the worker's state outlives a measurement.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// A GET through `http`, body read in full. Panics (with the URL) when the worker does not answer at all.
 pub async fn get(http: &reqwest::Client, url: &str) -> Reply {
     let response = http
@@ -252,12 +226,12 @@ pub struct Scrape(String);
 impl Scrape {
     /// Sum of every sample of a metric family (all label sets).
     pub fn sum(&self, name: &str) -> f64 {
-        crate::scrape::metric_sum(&self.0, name)
+        test_support::scrape::metric_sum(&self.0, name)
     }
 
     /// One sample, e.g. `history_view_events_total{outcome="relevant"}`; 0 when absent.
     pub fn sample(&self, sample: &str) -> f64 {
-        crate::scrape::metric(&self.0, sample)
+        test_support::scrape::metric(&self.0, sample)
     }
 
     /// Messages the worker took from NATS (every outcome).
@@ -267,7 +241,7 @@ impl Scrape {
 
     /// Signs of lost messages: slow-consumer events of the NATS client.
     pub fn drops(&self) -> u64 {
-        crate::scrape::live_drops(&self.0) as u64
+        test_support::scrape::live_drops(&self.0) as u64
     }
 
     /// NATS connection events of one kind (`slow_consumer`, `disconnected`, ...).
@@ -276,13 +250,6 @@ impl Scrape {
             "history_view_nats_connection_events_total{{event=\"{event}\"}}"
         )) as u64
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free local port for the worker")
 }
 
 /// User plus system CPU time of `/proc/<pid>` (`pid` may be `self`).

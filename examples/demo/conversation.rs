@@ -7,6 +7,7 @@
 //! user's answer lands on that display (making it visible), and the delegate resumes there.
 
 use serde_json::{Value, json};
+use test_support::rows::{self, Event};
 
 pub const PRIMARY: (&str, &str) = ("RAGAgent", "wiki");
 
@@ -20,7 +21,8 @@ pub const EXPECTED: [(&str, &str); 6] = [
     ("assistant", "Booked: Paris, next weekend."),
 ];
 
-struct Event<'a> {
+/// One event of the conversation, before it becomes a row.
+struct Step<'a> {
     agent: (&'a str, &'a str),
     display: &'a str,
     run: &'a str,
@@ -30,30 +32,6 @@ struct Event<'a> {
 }
 
 const USER: (&str, &str) = ("UserAgent", "u-ada");
-const USER_MESSAGE: &[&str] = &[
-    "UserMessageEvent",
-    "StartEvent",
-    "ControlAndDisplayEvent",
-    "DisplayEvent",
-    "ControlEvent",
-];
-const CHUNK: &[&str] = &["ChunkEvent", "DisplayEvent"];
-const STOP: &[&str] = &[
-    "LLMStopEvent",
-    "LLMEvent",
-    "SemanticEvent",
-    "StopEvent",
-    "ControlAndDisplayEvent",
-    "DisplayEvent",
-    "ControlEvent",
-];
-const HITL_REQUEST: &[&str] = &[
-    "HumanInTheLoopChatRequestEvent",
-    "HumanInTheLoopRequestEvent",
-    "ControlAndDisplayEvent",
-    "DisplayEvent",
-    "ControlEvent",
-];
 const HITL_RESPONSE: &[&str] = &[
     "TripDatesResponseEvent",
     "HumanInTheLoopChatResponseEvent",
@@ -76,10 +54,6 @@ fn user_message(text: &str) -> Value {
            "files": null, "requested_features": []})
 }
 
-fn chunk(text: &str) -> Value {
-    json!({"content": text, "model_name": "gpt-x"})
-}
-
 /// The events in publish order, as rows in the persisted shape (subject fields plus `event_data`).
 pub fn rows(thread: &str) -> Vec<Value> {
     let d1 = format!("{thread}d1");
@@ -87,39 +61,39 @@ pub fn rows(thread: &str) -> Vec<Value> {
     let d3 = format!("{thread}d3");
     let hidden = format!("{thread}dh");
     let events = [
-        Event {
+        Step {
             agent: USER,
             display: &d1,
             run: "r1",
             name: "UserMessageEvent",
-            parents: USER_MESSAGE,
+            parents: rows::USER_MESSAGE,
             data: user_message("What is the capital of France?"),
         },
-        Event {
+        Step {
             agent: PRIMARY,
             display: &d1,
             run: "r1",
             name: "ChunkEvent",
-            parents: CHUNK,
-            data: chunk("Paris is "),
+            parents: rows::CHUNK,
+            data: rows::chunk("Paris is "),
         },
-        Event {
+        Step {
             agent: PRIMARY,
             display: &d1,
             run: "r1",
             name: "ChunkEvent",
-            parents: CHUNK,
-            data: chunk("the capital"),
+            parents: rows::CHUNK,
+            data: rows::chunk("the capital"),
         },
-        Event {
+        Step {
             agent: ("FactChecker", "fc1"),
             display: &hidden,
             run: "r1x",
             name: "ChunkEvent",
-            parents: CHUNK,
-            data: chunk("HIDDEN: checking sources"),
+            parents: rows::CHUNK,
+            data: rows::chunk("HIDDEN: checking sources"),
         },
-        Event {
+        Step {
             agent: ("Retriever", "ret1"),
             display: &hidden,
             run: "r1x",
@@ -127,39 +101,39 @@ pub fn rows(thread: &str) -> Vec<Value> {
             parents: AITL_RESPONSE,
             data: json!({"stop_event": {"whatever": true}, "created_at": "not even an integer"}),
         },
-        Event {
+        Step {
             agent: ("GeoAgent", "geo1"),
             display: &d1,
             run: "r1g",
             name: "ChunkEvent",
-            parents: CHUNK,
-            data: chunk(" of France"),
+            parents: rows::CHUNK,
+            data: rows::chunk(" of France"),
         },
-        Event {
+        Step {
             agent: PRIMARY,
             display: &d1,
             run: "r1",
             name: "LLMStopEvent",
-            parents: STOP,
+            parents: rows::LLM_STOP,
             data: json!({"output_messages": [{"role": "assistant", "contents": [{"type": "text", "text": "Paris is the capital of France, on the Seine."}]}]}),
         },
-        Event {
+        Step {
             agent: USER,
             display: &d2,
             run: "r2",
             name: "UserMessageEvent",
-            parents: USER_MESSAGE,
+            parents: rows::USER_MESSAGE,
             data: user_message("Can you book me a trip there?"),
         },
-        Event {
+        Step {
             agent: ("TravelAgent", "trips"),
             display: &d3,
             run: "r3",
             name: "HumanInTheLoopChatRequestEvent",
-            parents: HITL_REQUEST,
+            parents: rows::HITL_CHAT_REQUEST,
             data: json!({"question": "Which dates should I book?", "hitl_type": "chat"}),
         },
-        Event {
+        Step {
             agent: USER,
             display: &d3,
             run: "r3",
@@ -167,43 +141,33 @@ pub fn rows(thread: &str) -> Vec<Value> {
             parents: HITL_RESPONSE,
             data: json!({"response": "Next weekend", "request_event": {"question": "Which dates should I book?"}}),
         },
-        Event {
+        Step {
             agent: ("TravelAgent", "trips"),
             display: &d3,
             run: "r3",
             name: "ChunkEvent",
-            parents: CHUNK,
-            data: chunk("Booked: Paris, next weekend."),
+            parents: rows::CHUNK,
+            data: rows::chunk("Booked: Paris, next weekend."),
         },
     ];
     events
         .into_iter()
         .enumerate()
-        .map(|(i, event)| {
+        .map(|(i, step)| {
             let event_id = format!("{thread}e{i:02}");
-            let mut data = event.data;
-            data["event_id"] = json!(event_id);
-            if data.get("created_at").is_none() {
-                data["created_at"] = json!(1_764_000_000_000_000_000_i64 + i as i64 * 1_000_000);
+            Event {
+                agent: step.agent,
+                thread,
+                display: step.display,
+                run: step.run,
+                event_id: &event_id,
+                name: step.name,
+                parents: step.parents,
+                created_at: 1_764_000_000_000_000_000 + i as i64 * 1_000_000,
             }
-            data["_event_name"] = json!(event.name);
-            data["_parent_event_names"] = json!(event.parents);
-            json!({"agent_class": event.agent.0, "agent_id": event.agent.1, "thread_id": thread,
-                   "display_id": event.display, "run_id": event.run, "event_id": event_id,
-                   "event_type": "display_event", "event_name": event.name, "event_parents": event.parents,
-                   "event_data": data})
+            .row(step.data)
         })
         .collect()
-}
-
-/// The NATS subject a row is published on.
-pub fn subject(row: &Value) -> String {
-    let field = |name: &str| row[name].as_str().unwrap_or_default().to_owned();
-    chat_history_view::subject::KEY_FIELDS
-        .iter()
-        .fold("agent".to_owned(), |subject, name| {
-            format!("{subject}.{}", field(name))
-        })
 }
 
 /// The transcript of a history body as (role, text) pairs.

@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use chat_history_view::http::SOURCE_HEADER;
-use conversation::{EXPECTED, PRIMARY, rows, subject, transcript};
+use conversation::{EXPECTED, PRIMARY, rows, transcript};
+use test_support::rows::subject;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {

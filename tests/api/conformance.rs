@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 
 use crate::cases::{self, Case};
 use crate::helpers::{BinaryApp, Reply, TestStore, encode, publish_rows, unique};
-use crate::servers::{MongoServer, NatsServer};
+use test_support::servers::{MongoServer, NatsServer};
 
 /// How many cases run at once (each has its own binary process).
 const PARALLEL: usize = 4;

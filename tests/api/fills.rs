@@ -10,7 +10,7 @@ use futures_util::future::join_all;
 use crate::helpers::{Api, BinaryApp, metric, publish_rows};
 use crate::proxy::Proxy;
 use crate::scene::{Scene, read_until_cache, wait_check, wait_metric};
-use crate::turns::Conversation;
+use test_support::turns::Conversation;
 
 /// Two turns persisted before the worker starts: the second asked a HITL question on a hidden display, which the
 /// next turn answers.

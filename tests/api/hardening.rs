@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::{Api, metric, spawn_app_with, user_row};
-use crate::servers::{MongoServer, NatsServer};
+use test_support::servers::{MongoServer, NatsServer};
 
 /// The `host:port` of an [`Api`].
 fn socket_address(api: &Api) -> String {

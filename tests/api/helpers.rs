@@ -2,6 +2,7 @@
 //! Mongo-wire servers and its own database; `BinaryApp` runs the compiled binary as a separate process. Both come
 //! with typed helpers for the store, NATS and HTTP.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 use std::time::{Duration, Instant};
@@ -16,8 +17,9 @@ use mongodb::options::IndexOptions;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use crate::servers::{MongoServer, NatsServer};
-use crate::threads;
+use test_support::rows::{self, Event};
+use test_support::servers::{MongoServer, NatsServer};
+use test_support::worker::WorkerProcess;
 
 /// aihub's index set on `agent_events` ([contract section 3](../../docs/contract.md#3)), by name.
 pub const AIHUB_INDEXES: [(&str, &[&str]); 10] = [
@@ -149,9 +151,8 @@ impl TestStore {
 /// Publishes rows on NATS as aihub does: the row's 9-token subject, `event_data` as the JSON payload.
 pub async fn publish_rows(client: &async_nats::Client, rows: &[Value]) {
     for row in rows {
-        let payload = serde_json::to_vec(&row["event_data"]).expect("payload");
         client
-            .publish(threads::subject(row), payload.into())
+            .publish(rows::subject(row), rows::payload(row).into())
             .await
             .expect("publish");
     }
@@ -265,7 +266,7 @@ pub fn encode(segment: &str) -> String {
         .collect()
 }
 
-pub use crate::scrape::{metric, metric_sum};
+pub use test_support::scrape::{metric, metric_sum};
 
 /// The real application, in-process, with its own servers and database.
 pub struct TestApp {
@@ -339,64 +340,82 @@ impl TestApp {
     }
 }
 
-/// The compiled binary as a separate process, configured through the environment.
+/// The compiled binary as a separate process, configured through the environment, with HTTP helpers.
 pub struct BinaryApp {
     pub api: Api,
-    child: std::process::Child,
+    worker: WorkerProcess,
 }
 
 impl BinaryApp {
-    /// Starts `chat-history-view` (the test build) with `env` and waits until it logs its address and answers
-    /// `/healthz`.
+    /// Starts `chat-history-view` (the test build) with `env` and waits until it answers `/healthz`.
     pub async fn start(env: &[(&str, String)]) -> Self {
         Self::start_binary(Path::new(env!("CARGO_BIN_EXE_chat-history-view")), env).await
     }
 
     /// [`BinaryApp::start`] for the binary at `binary`.
     pub async fn start_binary(binary: &Path, env: &[(&str, String)]) -> Self {
-        use std::io::BufRead;
-        let mut command = std::process::Command::new(binary);
-        command
-            .env("HISTORY_VIEW_LISTEN", "127.0.0.1:0")
-            .env("HISTORY_VIEW_LOG_FORMAT", "json")
-            .env("RUST_LOG", "info")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit());
-        for (name, value) in env {
-            command.env(name, value);
+        Self::start_command(binary.as_os_str().to_owned(), Vec::new(), env).await
+    }
+
+    /// [`BinaryApp::start`] through `program` with `args`: the binary, or a wrapper that sets up its environment
+    /// and then executes it. Started off the runtime's threads, so tasks of the test (a proxy) keep running.
+    pub async fn start_command(
+        program: OsString,
+        args: Vec<OsString>,
+        env: &[(&str, String)],
+    ) -> Self {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), value.clone()))
+            .collect();
+        let worker = tokio::task::spawn_blocking(move || {
+            let env: Vec<(&str, String)> =
+                env.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+            WorkerProcess::start(program, args, &env)
+        })
+        .await
+        .expect("the worker starts");
+        Self {
+            api: Api::new(worker.base_url()),
+            worker,
         }
-        let mut child = command.spawn().expect("start the binary");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if !sent
-                    && let Ok(entry) = serde_json::from_str::<Value>(&line)
-                    && let Some(address) = entry["address"].as_str()
-                {
-                    let _ = tx.send(address.to_owned());
-                    sent = true;
-                }
-                if std::env::var_os("TEST_LOG").is_some() {
-                    eprintln!("[binary] {line}");
-                }
+    }
+
+    /// Waits until `/readyz` says ready (subscribed to NATS, store answering).
+    pub async fn wait_ready(&self) {
+        self.api.wait_readiness(true).await;
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.worker.pid()
+    }
+
+    /// Sends SIGTERM, as Kubernetes does.
+    pub fn terminate(&self) {
+        self.worker.terminate();
+    }
+
+    /// Freezes the process (SIGSTOP): its sockets stay open, nothing is read.
+    pub fn pause(&self) {
+        self.worker.pause();
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.worker.resume();
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.worker.try_wait() {
+                return Some(status);
             }
-        });
-        let address = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(30)))
-            .await
-            .expect("join")
-            .expect("the binary logs its address");
-        let app = Self {
-            api: Api::new(format!("http://{address}")),
-            child,
-        };
-        let reply = app.api.get("/healthz", &[]).await;
-        assert_eq!(reply.status, 200);
-        app
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
     }
 }
 
@@ -411,61 +430,6 @@ pub fn release_binary() -> PathBuf {
     binary
 }
 
-impl BinaryApp {
-    /// Waits until `/readyz` says ready (subscribed to NATS, store answering).
-    pub async fn wait_ready(&self) {
-        self.api.wait_readiness(true).await;
-    }
-}
-
-impl BinaryApp {
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Sends SIGTERM, as Kubernetes does.
-    pub fn terminate(&self) {
-        self.signal("-TERM");
-    }
-
-    /// Freezes the process (SIGSTOP): its sockets stay open, nothing is read.
-    pub fn pause(&self) {
-        self.signal("-STOP");
-    }
-
-    /// Lets a paused process go on (SIGCONT).
-    pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let _ = std::process::Command::new("kill")
-            .arg(signal)
-            .arg(self.child.id().to_string())
-            .status();
-    }
-
-    /// Waits up to `limit` for the process to exit.
-    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        None
-    }
-}
-
-impl Drop for BinaryApp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Drop for TestApp {
     fn drop(&mut self) {
         self.signal_stop();
@@ -474,14 +438,17 @@ impl Drop for TestApp {
 
 /// A `UserAgent` user message row (a visibility marker) with one text block.
 pub fn user_row(thread: &str, display: &str, event_id: &str, created_at: i64, text: &str) -> Value {
-    serde_json::json!({
-        "agent_class": "UserAgent", "agent_id": "user-1", "thread_id": thread, "display_id": display,
-        "run_id": "run-1", "event_id": event_id, "event_type": "display_event", "event_name": "UserMessageEvent",
-        "event_parents": ["UserMessageEvent", "StartEvent", "ControlAndDisplayEvent", "DisplayEvent", "ControlEvent"],
-        "event_data": {"event_id": event_id, "created_at": created_at, "_event_name": "UserMessageEvent",
-            "_parent_event_names": ["UserMessageEvent", "StartEvent", "ControlAndDisplayEvent", "DisplayEvent", "ControlEvent"],
-            "messages": [{"role": "user", "additional_kwargs": {}, "blocks": [{"block_type": "text", "text": text}]}]}
-    })
+    Event {
+        agent: ("UserAgent", "user-1"),
+        thread,
+        display,
+        run: "run-1",
+        event_id,
+        name: "UserMessageEvent",
+        parents: rows::USER_MESSAGE,
+        created_at,
+    }
+    .row(rows::user_message(text))
 }
 
 /// A chunk row from `agent` on `display`.
@@ -493,13 +460,17 @@ pub fn chunk_row(
     created_at: i64,
     text: &str,
 ) -> Value {
-    serde_json::json!({
-        "agent_class": agent, "agent_id": "a1", "thread_id": thread, "display_id": display,
-        "run_id": "run-1", "event_id": event_id, "event_type": "display_event", "event_name": "ChunkEvent",
-        "event_parents": ["ChunkEvent", "DisplayEvent"],
-        "event_data": {"event_id": event_id, "created_at": created_at, "_event_name": "ChunkEvent",
-            "_parent_event_names": ["ChunkEvent", "DisplayEvent"], "content": text, "model_name": "m"}
-    })
+    Event {
+        agent: (agent, "a1"),
+        thread,
+        display,
+        run: "run-1",
+        event_id,
+        name: "ChunkEvent",
+        parents: rows::CHUNK,
+        created_at,
+    }
+    .row(rows::chunk(text))
 }
 
 /// The history JSON of alternating user/assistant text turns.

@@ -9,9 +9,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::helpers::{chunk_row, metric, publish_rows, release_binary, user_row};
-use crate::hot_thread::{self, Probes};
 use crate::scene::{Scene, now_ns, read_until_cache, wait_metric};
-use crate::scrape::live_drops;
+use test_support::hot_thread::{self, Probes};
+use test_support::scrape::live_drops;
 
 /// A NATS client speaking the protocol by hand, so that it can publish what async-nats refuses to.
 struct RawClient {

@@ -9,8 +9,8 @@ use serde_json::Value;
 use crate::helpers::{
     chunk_row, metric, publish_rows, release_binary, spawn_app_with, turns, unique, user_row,
 };
-use crate::process_memory::memory;
 use crate::scene::{Scene, read_until_cache, wait_metric};
+use test_support::memory::memory;
 
 const MIB: u64 = 1 << 20;
 

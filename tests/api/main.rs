@@ -12,10 +12,6 @@ mod threads;
 mod conformance;
 // Test applications and helpers.
 mod helpers;
-// Child-process guards for nats-server and the Mongo-wire server.
-mod servers;
-// Reading /metrics.
-mod scrape;
 // The store path: index use, missing index, outage, operator characters.
 mod store;
 // The HTTP contract.
@@ -30,18 +26,12 @@ mod proxy;
 mod scene;
 // The persister-lag rule end to end: late persistence after start, gaps, evictions and store outages.
 mod persister_lag;
-// aihub's multi-turn read pattern as rows (shared with the benchmark's P7).
-mod turns;
 // Fills of newly visible displays: the read pattern from memory, a fill racing a read, failing, or racing a gap.
 mod fills;
-// One hot thread in reverse order against probes on another (shared with the benchmark's P8).
-mod hot_thread;
 // Hostile publishers: subjects that are not UTF-8, a hot thread in reverse order.
 mod hostile;
 // HISTORY_VIEW_MAX_THREAD_BYTES: 507 for threads past it, memory bounded and given back, live views leaving.
 mod limits;
-// Resident memory of a process (shared with the benchmark).
-mod process_memory;
 // NATS liveness: a frozen server and a half-open link are noticed within 15 s.
 mod liveness;
 // The fuzz targets' checks over their committed corpus (and the seeds it grew from).
@@ -56,3 +46,5 @@ mod operations;
 mod demo;
 // Relative links in comments and docs resolve; cited rules are links.
 mod links;
+// mongodb+srv:// URIs: started before the name resolves, ready once it does (a DNS responder of its own).
+mod srv;

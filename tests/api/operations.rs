@@ -168,8 +168,8 @@ async fn readers_waiting_on_a_failing_store_fail_together_instead_of_queueing() 
 
 #[tokio::test]
 async fn the_worker_starts_without_nats_and_becomes_ready_when_nats_appears() {
-    let mongo = crate::servers::MongoServer::start();
-    let mut nats = crate::servers::NatsServer::start();
+    let mongo = test_support::servers::MongoServer::start();
+    let mut nats = test_support::servers::NatsServer::start();
     nats.stop();
     let app = crate::helpers::BinaryApp::start(&[
         ("HISTORY_VIEW_NATS_URL", nats.url()),

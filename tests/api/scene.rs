@@ -7,8 +7,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 
 use crate::helpers::{Api, BinaryApp, Reply, TestStore, metric, unique};
-use crate::scrape::live_drops;
-use crate::servers::{MongoServer, NatsServer};
+use test_support::scrape::live_drops;
+use test_support::servers::{MongoServer, NatsServer};
 
 /// Real servers, a database with aihub's indexes, and a publisher playing aihub's agents.
 pub struct Scene {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::helpers::{BinaryApp, TestStore, chunk_row, metric, spawn_app, turns, unique, user_row};
-use crate::servers::{MongoServer, NatsServer};
+use test_support::servers::{MongoServer, NatsServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_a_read_in_flight_completes_the_read_and_exits_in_time() {

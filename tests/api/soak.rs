@@ -26,11 +26,11 @@ use tokio::sync::watch;
 
 use crate::fuzz_corpus::checks::stored_row;
 use crate::helpers::{Api, BinaryApp, TestStore, release_binary, unique};
-use crate::process_memory::memory;
 use crate::proxy::Proxy;
-use crate::servers::{MongoServer, NatsServer};
 use crate::threads;
-use crate::turns::{Conversation, PRIMARY};
+use test_support::memory::memory;
+use test_support::servers::{MongoServer, NatsServer};
+use test_support::turns::{Conversation, PRIMARY};
 
 /// The worker's persister-lag bound (its default) and the persister's largest delay.
 const LAG: Duration = Duration::from_millis(2000);

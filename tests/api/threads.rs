@@ -4,6 +4,7 @@
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
+use test_support::rows::Event;
 
 pub const PRIMARY: (&str, &str) = ("PrimaryAgent", "primary");
 
@@ -67,134 +68,139 @@ fn row(thread_id: &str, i: usize, spec: &EventSpec) -> Value {
     let event_id = format!("e{i:03}");
     let display = format!("d{}", spec.display);
     let run = format!("r{}", spec.agent);
-    let mut created_at = json!(spec.created_at);
+    let mut created_at = None;
     let text = if spec.text.is_empty() {
         "z".to_owned()
     } else {
         spec.text.clone()
     };
-    let (agent_class, agent_id, name, parents, data) = match spec.kind {
-        0 => (
-            "UserAgent",
-            "user-1",
-            "UserMessageEvent",
-            json!([
+    let (agent_class, agent_id, name, parents, data): (&str, &str, &str, &[&str], Value) =
+        match spec.kind {
+            0 => (
+                "UserAgent",
+                "user-1",
                 "UserMessageEvent",
-                "StartEvent",
-                "ControlAndDisplayEvent",
-                "DisplayEvent",
-                "ControlEvent"
-            ]),
-            json!({"messages": [{"role": "user", "additional_kwargs": {}, "blocks": [
+                &[
+                    "UserMessageEvent",
+                    "StartEvent",
+                    "ControlAndDisplayEvent",
+                    "DisplayEvent",
+                    "ControlEvent",
+                ],
+                json!({"messages": [{"role": "user", "additional_kwargs": {}, "blocks": [
                 {"block_type": "text", "text": format!("u{i}")},
                 {"block_type": "image", "url": if spec.flag { json!("https://example.com/i.png") } else { Value::Null }}]}]}),
-        ),
-        1 => (
-            "UserAgent",
-            "user-1",
-            "HumanInTheLoopChatResponseEvent",
-            json!([
+            ),
+            1 => (
+                "UserAgent",
+                "user-1",
                 "HumanInTheLoopChatResponseEvent",
-                "HumanInTheLoopResponseEvent",
-                "ControlAndDisplayEvent"
-            ]),
-            json!({"response": if spec.flag { json!(true) } else { json!(format!("answer {i}")) },
+                &[
+                    "HumanInTheLoopChatResponseEvent",
+                    "HumanInTheLoopResponseEvent",
+                    "ControlAndDisplayEvent",
+                ],
+                json!({"response": if spec.flag { json!(true) } else { json!(format!("answer {i}")) },
                    "request_event": {"question": 5}}),
-        ),
-        2 | 3 => {
-            let (class, id) = agent(spec.agent);
-            (
-                class,
-                id,
-                "ChunkEvent",
-                json!(["ChunkEvent", "DisplayEvent"]),
-                json!({"content": spec.text, "model_name": "m"}),
-            )
-        }
-        4 => {
-            let (class, id) = agent(spec.agent);
-            (
-                class,
-                id,
-                "HumanInTheLoopChatRequestEvent",
-                json!([
-                    "HumanInTheLoopChatRequestEvent",
-                    "HumanInTheLoopRequestEvent",
-                    "ControlAndDisplayEvent"
-                ]),
-                json!({"question": format!("q{i}?"), "hitl_type": "chat"}),
-            )
-        }
-        5 | 6 => {
-            let (class, id) = agent(spec.agent);
-            let contents = if spec.flag && spec.kind == 6 {
-                json!("invalid")
-            } else {
-                json!([{"type": "text", "text": text}])
-            };
-            (
-                class,
-                id,
-                "LLMStopEvent",
-                json!([
-                    "LLMStopEvent",
-                    "LLMEvent",
-                    "SemanticEvent",
-                    "StopEvent",
-                    "ControlAndDisplayEvent"
-                ]),
-                json!({"output_messages": [{"role": "assistant", "contents": contents}]}),
-            )
-        }
-        7 => (
-            "Retriever",
-            "r1",
-            "RetrievalAgentInTheLoopResponseEvent",
-            json!([
-                "RetrievalAgentInTheLoopResponseEvent",
-                "AgentInTheLoopResponseEvent",
-                "ControlAndDisplayEvent"
-            ]),
-            json!({"content": 5, "question": null}),
-        ),
-        8 => {
-            // Malformed ordering metadata or payload on a relevant event.
-            if spec.flag {
-                created_at = json!("not-an-integer");
+            ),
+            2 | 3 => {
+                let (class, id) = agent(spec.agent);
+                (
+                    class,
+                    id,
+                    "ChunkEvent",
+                    &["ChunkEvent", "DisplayEvent"],
+                    json!({"content": spec.text, "model_name": "m"}),
+                )
             }
-            let (class, id) = agent(spec.agent);
-            (
-                class,
-                id,
-                "ChunkEvent",
-                json!(["ChunkEvent", "DisplayEvent"]),
-                json!({"content": if spec.flag { json!("ok") } else { json!(12345) }}),
-            )
-        }
-        _ => {
-            // A UserMessageEvent that is not a UserAgent marker: inert.
-            let (class, id) = agent(spec.agent);
-            (
-                class,
-                id,
-                "UserMessageEvent",
-                json!(["UserMessageEvent", "StartEvent"]),
-                json!({"messages": []}),
-            )
-        }
-    };
-    let mut event_data = data;
-    let object = event_data.as_object_mut().expect("payload object");
-    object.insert("event_id".into(), json!(event_id));
-    object.insert("created_at".into(), created_at);
-    object.insert("_event_name".into(), json!(name));
-    object.insert("_parent_event_names".into(), parents.clone());
-    json!({
-        "agent_class": agent_class, "agent_id": agent_id, "thread_id": thread_id, "display_id": display,
-        "run_id": run, "event_id": event_id, "event_type": "display_event", "event_name": name,
-        "event_data": event_data, "event_parents": parents,
-    })
+            4 => {
+                let (class, id) = agent(spec.agent);
+                (
+                    class,
+                    id,
+                    "HumanInTheLoopChatRequestEvent",
+                    &[
+                        "HumanInTheLoopChatRequestEvent",
+                        "HumanInTheLoopRequestEvent",
+                        "ControlAndDisplayEvent",
+                    ],
+                    json!({"question": format!("q{i}?"), "hitl_type": "chat"}),
+                )
+            }
+            5 | 6 => {
+                let (class, id) = agent(spec.agent);
+                let contents = if spec.flag && spec.kind == 6 {
+                    json!("invalid")
+                } else {
+                    json!([{"type": "text", "text": text}])
+                };
+                (
+                    class,
+                    id,
+                    "LLMStopEvent",
+                    &[
+                        "LLMStopEvent",
+                        "LLMEvent",
+                        "SemanticEvent",
+                        "StopEvent",
+                        "ControlAndDisplayEvent",
+                    ],
+                    json!({"output_messages": [{"role": "assistant", "contents": contents}]}),
+                )
+            }
+            7 => (
+                "Retriever",
+                "r1",
+                "RetrievalAgentInTheLoopResponseEvent",
+                &[
+                    "RetrievalAgentInTheLoopResponseEvent",
+                    "AgentInTheLoopResponseEvent",
+                    "ControlAndDisplayEvent",
+                ],
+                json!({"content": 5, "question": null}),
+            ),
+            8 => {
+                // Malformed ordering metadata or payload on a relevant event.
+                if spec.flag {
+                    created_at = Some(json!("not-an-integer"));
+                }
+                let (class, id) = agent(spec.agent);
+                (
+                    class,
+                    id,
+                    "ChunkEvent",
+                    &["ChunkEvent", "DisplayEvent"],
+                    json!({"content": if spec.flag { json!("ok") } else { json!(12345) }}),
+                )
+            }
+            _ => {
+                // A UserMessageEvent that is not a UserAgent marker: inert.
+                let (class, id) = agent(spec.agent);
+                (
+                    class,
+                    id,
+                    "UserMessageEvent",
+                    &["UserMessageEvent", "StartEvent"],
+                    json!({"messages": []}),
+                )
+            }
+        };
+    let mut fields = data;
+    if let Some(malformed) = created_at {
+        fields["created_at"] = malformed;
+    }
+    Event {
+        agent: (agent_class, agent_id),
+        thread: thread_id,
+        display: &display,
+        run: &run,
+        event_id: &event_id,
+        name,
+        parents,
+        created_at: i64::from(spec.created_at),
+    }
+    .row(fields)
 }
 
-/// The NATS subject a row is published on (the demo's mapping, shared).
-pub use crate::demo::conversation::subject;
+/// The NATS subject a row is published on.
+pub use test_support::rows::subject;

