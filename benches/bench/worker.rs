@@ -51,7 +51,7 @@ impl Worker {
     /// Defaults: the index hints disabled (see `p3_p4_store`), a 256 MiB cache, JSON logs at `warn`. `env` overrides
     /// them or sets more. `HISTORY_VIEW_*` variables of the bench's own environment are not passed on.
     pub async fn start(setup: &Setup, database: &str, env: &[(&str, &str)]) -> Self {
-        let defaults: Vec<(&'static str, String)> = vec![
+        let defaults = [
             ("HISTORY_VIEW_NATS_URL", setup.nats_url()),
             ("HISTORY_VIEW_MONGODB_URI", setup.mongo_uri()),
             ("HISTORY_VIEW_MONGODB_DATABASE", database.to_owned()),
@@ -60,22 +60,13 @@ impl Worker {
             ("HISTORY_VIEW_MONGODB_FILL_INDEX_HINT", String::new()),
             ("RUST_LOG", "warn".to_owned()),
         ];
-        let extra: Vec<(String, String)> = env
-            .iter()
-            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        let env = defaults
+            .into_iter()
+            .chain(env.iter().map(|(name, value)| (*name, (*value).to_owned())))
+            .map(|(name, value)| (name.to_owned(), value))
             .collect();
-        let program = setup.settings.worker_bin.clone();
-        let process = tokio::task::spawn_blocking(move || {
-            let mut env = defaults;
-            env.extend(
-                extra
-                    .iter()
-                    .map(|(name, value)| (name.as_str(), value.clone())),
-            );
-            WorkerProcess::start(program, Vec::new(), &env)
-        })
-        .await
-        .expect("the worker starts");
+        let process =
+            WorkerProcess::start(setup.settings.worker_bin.clone(), Vec::new(), env).await;
         let worker = Self {
             base_url: process.base_url(),
             process,

@@ -17,15 +17,23 @@ pub struct WorkerProcess {
 
 impl WorkerProcess {
     /// Starts `program` with `args`: the worker binary, or a wrapper that sets up its environment and then
-    /// executes it. `env` comes after the defaults (JSON logs at `info`), so it may override them.
+    /// executes it. `env` comes after the defaults (JSON logs at `info`), so it may override them. The wait runs
+    /// off the runtime's threads, so the caller's tasks (a proxy in front of NATS, say) keep running meanwhile.
     ///
     /// # Panics
     /// When the worker exits or does not answer `/healthz` in time (with its log's tail).
-    pub fn start(
+    pub async fn start(
         program: impl Into<OsString>,
         args: Vec<OsString>,
-        env: &[(&str, String)],
+        env: Vec<(String, String)>,
     ) -> Self {
+        let program = program.into();
+        tokio::task::spawn_blocking(move || Self::start_blocking(program, args, env))
+            .await
+            .expect("the worker starts")
+    }
+
+    fn start_blocking(program: OsString, args: Vec<OsString>, env: Vec<(String, String)>) -> Self {
         let port = free_port();
         let defaults = [
             ("HISTORY_VIEW_LISTEN", format!("127.0.0.1:{port}")),
@@ -33,13 +41,14 @@ impl WorkerProcess {
             ("RUST_LOG", "info".to_owned()),
         ];
         let env = defaults
-            .iter()
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
             .chain(env)
             .map(|(name, value)| (OsString::from(name), OsString::from(value)))
             .collect();
         let spec = Spec {
             name: "worker",
-            program: program.into(),
+            program,
             args,
             env,
             scrub_env_prefix: Some("HISTORY_VIEW_"),

@@ -358,23 +358,17 @@ impl BinaryApp {
     }
 
     /// [`BinaryApp::start`] through `program` with `args`: the binary, or a wrapper that sets up its environment
-    /// and then executes it. Started off the runtime's threads, so tasks of the test (a proxy) keep running.
+    /// and then executes it.
     pub async fn start_command(
         program: OsString,
         args: Vec<OsString>,
         env: &[(&str, String)],
     ) -> Self {
-        let env: Vec<(String, String)> = env
+        let env = env
             .iter()
             .map(|(name, value)| ((*name).to_owned(), value.clone()))
             .collect();
-        let worker = tokio::task::spawn_blocking(move || {
-            let env: Vec<(&str, String)> =
-                env.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
-            WorkerProcess::start(program, args, &env)
-        })
-        .await
-        .expect("the worker starts");
+        let worker = WorkerProcess::start(program, args, env).await;
         Self {
             api: Api::new(worker.base_url()),
             worker,
