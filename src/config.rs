@@ -4,14 +4,15 @@
 //! their environment values, and they are checked after clap has parsed them ([`Config::try_load_from`]) so that
 //! a bad one is refused by name without echoing its value.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
-use clap::{CommandFactory, Parser, ValueEnum};
+use clap::{CommandFactory, Parser};
 
+use crate::cache::CacheSettings;
 use crate::http::ConnectionLimits;
+pub use crate::setting::{LogFormat, Secret};
 use crate::store::{IndexHints, StoreSettings};
 
 pub const DEFAULT_SUBJECT: &str = "agent.*.*.*.*.*.display_event.*.*";
@@ -139,33 +140,6 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Json,
-    Text,
-    Auto,
-}
-
-/// A setting that must not appear in logs or `Debug` output.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret([redacted])")
-    }
-}
-
 impl Config {
     /// The configuration from the command line and the environment; a bad value exits as clap does (status 2),
     /// naming the setting.
@@ -236,6 +210,16 @@ impl Config {
             hints: self.index_hints(),
             timeout: self.store_timeout,
             persist_lag: self.persist_lag,
+        }
+    }
+
+    /// What the view cache needs.
+    pub fn cache_settings(&self) -> CacheSettings {
+        CacheSettings {
+            max_bytes: self.cache_max_bytes,
+            idle: self.cache_idle,
+            concurrent_hydrations: self.max_concurrent_hydrations,
+            store_timeout: self.store_timeout,
             max_thread_bytes: self.max_thread_bytes,
         }
     }
@@ -295,8 +279,8 @@ fn parse_subject(value: &str) -> Result<String, String> {
     Ok(value.to_owned())
 }
 
-/// Chosen: the driver is built without its DNS resolver (a large dependency tree for one lookup), so SRV
-/// connection strings are refused here, at start-up, rather than failing on first use.
+/// A seed list (`mongodb://`) or an SRV name (`mongodb+srv://`, resolved by the driver when it first connects, see
+/// [`crate::store::Store::connect`]); the rest of the syntax is the driver's to check.
 fn check_mongodb_uri(uri: &Secret) -> Result<(), String> {
     let value = uri.expose();
     if value.starts_with("mongodb://") || value.starts_with("mongodb+srv://") {

@@ -18,15 +18,18 @@
 //! memory never fills up): a removal in a bucket counts for every thread of the bucket, which is conservative,
 //! never wrong.
 //!
-//! Time is a [`Stamp`] on the process's monotonic clock. The rules take `now` from their caller, so they are
-//! tested with a hand-driven clock; the `*_now` wrappers read the real one.
+//! Time is a [`Stamp`] on tokio's monotonic clock ([`tokio::time::Instant`]), the one clock of the read path: its
+//! stamps, timers and deadlines. The rules take `now` from their caller, so they are tested with a hand-driven clock;
+//! the `*_now` wrappers read tokio's, which tests of the cache pause and advance (`start_paused`).
 //!
 //! [design 2.1]: ../docs/design.md#2.1
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// A moment: nanoseconds since the coverage's origin (process start) on the monotonic clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -154,7 +157,7 @@ impl Coverage {
         Stamp(u64::try_from(self.inner.origin.elapsed().as_nanos()).unwrap_or(u64::MAX - 1))
     }
 
-    /// The real-clock instant of `stamp`.
+    /// The instant of `stamp`, for timers.
     pub fn instant(&self, stamp: Stamp) -> Instant {
         self.inner.origin + Duration::from_nanos(stamp.0)
     }

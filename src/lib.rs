@@ -16,7 +16,7 @@
 //! - [`cache`]: the moka cache of views; reads answer from complete views or hydrate from the store.
 //! - [`coverage`]: since when the live stream has covered a thread, so whether a store read may complete a view.
 //! - [`http`]: the read API, health, readiness, metrics and the OpenAPI document.
-//! - [`config`], [`telemetry`], [`metrics`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
+//! - [`config`] (with [`setting`], the value types components share with it), [`telemetry`], [`metrics`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
 
 pub mod cache;
 pub mod config;
@@ -27,6 +27,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod project;
 pub mod readiness;
+pub mod setting;
 pub mod shutdown;
 pub mod startup;
 pub mod store;

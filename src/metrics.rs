@@ -1,5 +1,6 @@
 //! `Metrics`: the service's Prometheus metrics on its own registry (never the global one), with typed handles.
-//! Label values come from closed sets (the enums below), never from ids.
+//! Label values come from closed sets, never from ids: the outcome enums below, and the domain's own enums where a
+//! component owns the distinction ([`Source`] and [`LimitPath`] in the cache, [`Hydration`] in the store).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,9 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
+
+use crate::cache::{LimitPath, Source};
+use crate::store::Hydration;
 
 /// What became of one message received from NATS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,14 +47,6 @@ impl EventOutcome {
             EventOutcome::BadSubject => "bad_subject",
         }
     }
-}
-
-/// Why the worker read the store: a hydration on a read, or one in the background once the persister-lag bound
-/// has passed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hydration {
-    OnRead,
-    Reread,
 }
 
 /// The store queries, by what they are for.
@@ -108,22 +104,6 @@ impl FillOutcome {
     }
 }
 
-/// Where a read's answer came from; also the `X-History-Source` header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    Cache,
-    Store,
-}
-
-impl Source {
-    pub fn label(self) -> &'static str {
-        match self {
-            Source::Cache => "cache",
-            Source::Store => "store",
-        }
-    }
-}
-
 /// Why the HTTP server turned a client away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HttpRefusal {
@@ -140,24 +120,6 @@ pub enum HttpTimeout {
     Header,
     /// No request for `HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS`.
     Idle,
-}
-
-/// Where `HISTORY_VIEW_MAX_THREAD_BYTES` stopped a thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitPath {
-    /// A store read (hydration) of the thread: the read answers 507.
-    Read,
-    /// A live view (live events, a fill) outgrew it: the view left the cache.
-    Live,
-}
-
-impl LimitPath {
-    fn label(self) -> &'static str {
-        match self {
-            LimitPath::Read => "read",
-            LimitPath::Live => "live",
-        }
-    }
 }
 
 /// What a background re-read of a view held partial by the persister-lag bound achieved.

@@ -1,10 +1,12 @@
 //! `Readiness`: whether the worker can serve correct reads now: its NATS subscription is live (confirmed by a
 //! round trip, see [`Coverage`]) and the store answered a ping recently. The ingest loop reports the subscription;
-//! a background task pings the store and reports outages to [`Coverage`].
+//! a background task pings the store (the store itself tells [`Coverage`] of outages, as for every query).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
@@ -24,7 +26,7 @@ pub struct Readiness {
 
 struct Inner {
     started: Instant,
-    /// Whether the subscription is confirmed live; store ping results go here too.
+    /// Whether the subscription is confirmed live.
     coverage: Coverage,
     /// The NATS connection is up.
     connected: AtomicBool,
@@ -131,12 +133,8 @@ impl Readiness {
                 result = store.ping() => result,
             };
             let ok = result.is_ok();
-            let coverage = &self.inner.coverage;
             if ok {
                 self.store_answered();
-                coverage.store_answered(coverage.now());
-            } else {
-                coverage.store_failed();
             }
             if was_ok != Some(ok) {
                 match &result {

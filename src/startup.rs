@@ -61,6 +61,7 @@ impl Application {
             config.mongodb_uri.expose(),
             config.store_settings(),
             metrics.clone(),
+            coverage.clone(),
         )
         .await
         .context("invalid --mongodb-uri (HISTORY_VIEW_MONGODB_URI)")?;
@@ -68,9 +69,7 @@ impl Application {
             store.clone(),
             metrics.clone(),
             coverage.clone(),
-            config.cache_max_bytes,
-            config.cache_idle,
-            config.max_concurrent_hydrations,
+            config.cache_settings(),
         );
 
         let (events_tx, connection_events) = ingest::connection_events();

@@ -6,10 +6,15 @@
 //! the projectable families on those displays, sorted, with a projection of only what the decoder reads. Both stages
 //! name the index with a hint ([design 2b](../docs/design.md#2b)); when the store says the index does not exist, they
 //! run again without it, and that is logged once per process and counted.
+//!
+//! The view cache reads through [`StoreReads`] (the two stages and a fill), so its unit tests can run on an in-memory
+//! fake. Every query and ping reports its outcome to [`Coverage`] in one place ([`Store::bounded`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::raw::RawBsonRef;
@@ -18,10 +23,11 @@ use mongodb::error::{Error as MongoError, ErrorKind};
 use mongodb::options::{ClientOptions, ConnectionString, Hint};
 use mongodb::{Client, Collection, Database};
 
+use crate::coverage::Coverage;
 use crate::decode::{
     DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, Family, USER_AGENT, ViewEvent, decode_row,
 };
-use crate::metrics::{Hydration, Metrics, QueryKind};
+use crate::metrics::{Metrics, QueryKind};
 use crate::subject::KEY_FIELDS;
 use crate::telemetry::RateLimit;
 use crate::view::{display_bytes, event_bytes};
@@ -34,7 +40,16 @@ const FAMILY_PARENTS: [&str; 5] = Family::parents(Family::ALL);
 /// Connections of the fills' own pool: fills run one batch at a time, so a few suffice.
 const FILL_POOL_SIZE: u32 = 2;
 
-/// Why a store read failed. Either way the read answers 503: never a partial history.
+/// Why the worker read the store: a hydration on a read, or one in the background once the persister-lag bound
+/// has passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hydration {
+    OnRead,
+    Reread,
+}
+
+/// Why a store query failed. A read never answers a partial history: it answers 503, or 507 for `TooLarge`, or
+/// 500 for `Rejected`.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("the store did not answer within {0:?}")]
@@ -44,17 +59,11 @@ pub enum StoreError {
     /// The store refused the query itself (a command error other than a missing index): retrying cannot help.
     #[error("the store rejected the query")]
     Rejected(#[source] MongoError),
-    /// Every slot for store reads of whole threads stayed taken for the whole store timeout.
-    #[error("too many store reads were in flight; none finished within the store timeout")]
-    Busy,
     /// The thread's events exceed `HISTORY_VIEW_MAX_THREAD_BYTES`: the read stopped there rather than hold them.
     #[error(
         "the thread's events exceed the per-thread limit of {limit} bytes (HISTORY_VIEW_MAX_THREAD_BYTES)"
     )]
     TooLarge { limit: usize },
-    /// Another read of the same thread was already waiting on the store and it failed.
-    #[error("a concurrent read of this thread could not reach the store")]
-    ConcurrentReadFailed,
 }
 
 impl StoreError {
@@ -69,10 +78,7 @@ impl StoreError {
                 error.kind.as_ref(),
                 ErrorKind::Command(_) | ErrorKind::Write(_)
             ),
-            StoreError::Rejected(_)
-            | StoreError::Busy
-            | StoreError::TooLarge { .. }
-            | StoreError::ConcurrentReadFailed => false,
+            StoreError::Rejected(_) | StoreError::TooLarge { .. } => false,
         }
     }
 
@@ -103,15 +109,59 @@ impl From<MongoError> for StoreError {
     }
 }
 
-/// A thread's events as the two-stage query returns them.
+/// What stage 1 found: the thread's visible displays.
 #[derive(Debug, Default)]
-pub struct ThreadEvents {
-    /// The displays stage 1 found visible: what stage 2 covered.
+pub struct VisibleDisplays {
+    /// The displays with a `UserAgent` marker: what stage 2 covers.
     pub displays: Vec<String>,
-    /// Decoded relevant rows, in store order (sorted by `created_at`, `event_id`).
-    pub events: Vec<ViewEvent>,
-    /// Marker rows stage 1 skipped because their `display_id` is not a string (no delivery key can hold it).
+    /// Marker rows whose `display_id` is not a string, skipped (no delivery key can hold one).
     pub skipped_markers: u64,
+}
+
+/// What bounds one query: the read's deadline (its `maxTimeMS` is the time left) and the bytes of compact events
+/// (or displays, for stage 1) it may hold before it stops with [`StoreError::TooLarge`].
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub deadline: Instant,
+    pub budget: usize,
+}
+
+/// The store reads the view cache makes: the two stages of a hydration and a fill. [`Store`] runs them on MongoDB;
+/// the cache's unit tests run them on an in-memory fake, so every race the cache handles is tested without servers.
+pub trait StoreReads: Send + Sync + 'static {
+    /// Stage 1: the distinct string display ids of the thread's `UserAgent` display markers.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store fails, does not answer by the deadline, or the displays exceed the budget.
+    fn visible_displays(
+        &self,
+        thread_id: &str,
+        hydration: Hydration,
+        bounds: Bounds,
+    ) -> impl Future<Output = Result<VisibleDisplays, StoreError>> + Send;
+
+    /// Stage 2: the projectable events on `displays`, decoded, in store order (`created_at`, `event_id`).
+    ///
+    /// # Errors
+    /// As for stage 1; `TooLarge` as soon as the events exceed the budget.
+    fn display_events(
+        &self,
+        thread_id: &str,
+        displays: &[String],
+        hydration: Hydration,
+        bounds: Bounds,
+    ) -> impl Future<Output = Result<Vec<ViewEvent>, StoreError>> + Send;
+
+    /// A fill: the projectable events of the given displays of a batch of threads, in one query, unsorted. A
+    /// display id of one thread may also occur in another: the caller keeps each view's rows.
+    ///
+    /// # Errors
+    /// As for stage 2.
+    fn fill_events(
+        &self,
+        wanted: &[(&str, &[Box<str>])],
+        bounds: Bounds,
+    ) -> impl Future<Output = Result<Vec<ViewEvent>, StoreError>> + Send;
 }
 
 /// Read access to the event collection. Cloning is cheap.
@@ -136,15 +186,12 @@ struct Inner {
     timeout: Duration,
     /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
     persist_lag: Duration,
-    /// `HISTORY_VIEW_MAX_THREAD_BYTES`.
-    max_thread_bytes: usize,
     metrics: Metrics,
+    /// Told the outcome of every query and ping, in one place ([`Store::bounded`]): an outage ends coverage, the
+    /// first answer after one starts it again.
+    coverage: Coverage,
     /// Rate limit of the warning about rows persisted later than the bound.
     lag_warnings: RateLimit,
-    /// Rate limit of the warning about threads without a visible marker.
-    no_marker_warnings: RateLimit,
-    /// Rate limit of the warning about reads stopped by the per-thread limit.
-    too_large_warnings: RateLimit,
 }
 
 /// The collection through the driver's clients.
@@ -161,12 +208,11 @@ pub struct StoreSettings {
     pub database: String,
     pub collection: String,
     pub hints: IndexHints,
-    /// Bound of one read (`HISTORY_VIEW_STORE_TIMEOUT_MS`).
+    /// Bound of a ping and of connecting (`HISTORY_VIEW_STORE_TIMEOUT_MS`); a read's queries are bounded by its
+    /// own deadline.
     pub timeout: Duration,
     /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
     pub persist_lag: Duration,
-    /// `HISTORY_VIEW_MAX_THREAD_BYTES`: most bytes of compact events one read of a thread may hold.
-    pub max_thread_bytes: usize,
 }
 
 /// The index hints of the store queries; `None` disables one.
@@ -229,6 +275,7 @@ impl Store {
         uri: &str,
         settings: StoreSettings,
         metrics: Metrics,
+        coverage: Coverage,
     ) -> Result<Self, MongoError> {
         let StoreSettings {
             database,
@@ -236,7 +283,6 @@ impl Store {
             hints,
             timeout,
             persist_lag,
-            max_thread_bytes,
         } = settings;
         // The syntax and the options are checked now, without DNS.
         ConnectionString::parse(uri)?;
@@ -250,11 +296,9 @@ impl Store {
                 display_hint: IndexHint::new(hints.display),
                 timeout,
                 persist_lag,
-                max_thread_bytes,
                 metrics,
+                coverage,
                 lag_warnings: RateLimit::default(),
-                no_marker_warnings: RateLimit::default(),
-                too_large_warnings: RateLimit::default(),
             }),
         };
         match tokio::time::timeout(timeout, store.clients()).await {
@@ -310,83 +354,24 @@ impl Store {
             .await
     }
 
-    /// `HISTORY_VIEW_MAX_THREAD_BYTES`: a view holding more leaves the cache.
-    pub fn max_thread_bytes(&self) -> usize {
-        self.inner.max_thread_bytes
-    }
-
-    /// The deadline of a read starting now: the configured timeout from now.
-    pub fn deadline(&self) -> Instant {
-        Instant::now() + self.inner.timeout
-    }
-
-    /// Runs the two-stage query for `thread_id`, bounded by `deadline` (each query's `maxTimeMS` is the time left)
-    /// and by `HISTORY_VIEW_MAX_THREAD_BYTES`.
-    ///
-    /// # Errors
-    /// [`StoreError`] when the store fails or does not answer in time, or the thread is too large.
-    pub async fn thread_rows(
-        &self,
-        thread_id: &str,
-        hydration: Hydration,
-        deadline: Instant,
-    ) -> Result<ThreadEvents, StoreError> {
-        self.bounded(deadline, self.query(thread_id, hydration, deadline))
-            .await
-    }
-
-    /// Reads the stored projectable events of the given displays of the given threads (a fill, for a batch of
-    /// views), bounded by the configured timeout and by the per-thread limit times the number of threads. One
-    /// query: stage 2's filter for these threads and displays, naming the display index; the caller keeps each
-    /// view's rows (a display id of one thread may, in principle, also occur in another).
-    ///
-    /// # Errors
-    /// [`StoreError`] when the store fails or does not answer in time, or the rows exceed the limit.
-    pub async fn display_rows(
-        &self,
-        wanted: &[(&str, &[Box<str>])],
-    ) -> Result<Vec<ViewEvent>, StoreError> {
-        let threads: Vec<&str> = wanted.iter().map(|(thread, _)| *thread).collect();
-        let displays: Vec<Bson> = wanted
-            .iter()
-            .flat_map(|(_, displays)| displays.iter().map(|d| Bson::from(&**d)))
-            .collect();
-        let started = Instant::now();
-        let deadline = self.deadline();
-        let budget = self
-            .inner
-            .max_thread_bytes
-            .saturating_mul(wanted.len().max(1));
-        let events = self
-            .bounded(deadline, async {
-                let clients = self.clients().await?;
-                self.with_hint_fallback(&self.inner.display_hint, |hint| {
-                    self.find_events(
-                        &clients.fill_collection,
-                        fill_filter(&threads, &displays),
-                        None,
-                        hint,
-                        Bounds { deadline, budget },
-                    )
-                })
-                .await
-            })
-            .await?;
-        self.inner
-            .metrics
-            .store_query(QueryKind::Fill, started.elapsed());
-        Ok(events)
-    }
-
+    /// Runs `query` until `deadline`, and tells the coverage its outcome: the one place where the store's outages
+    /// and answers are reported, for every query and ping.
     async fn bounded<T>(
         &self,
         deadline: Instant,
         query: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let timeout = self.inner.timeout;
-        tokio::time::timeout_at(deadline.into(), query)
+        let result = tokio::time::timeout_at(deadline, query)
             .await
-            .map_err(|_| StoreError::Timeout(timeout))?
+            .unwrap_or(Err(StoreError::Timeout(timeout)));
+        let coverage = &self.inner.coverage;
+        match &result {
+            Ok(_) => coverage.store_answered(coverage.now()),
+            Err(error) if error.is_outage() => coverage.store_failed(),
+            Err(_) => {}
+        }
+        result
     }
 
     /// Answers whether the store responds to `ping` within the timeout.
@@ -394,8 +379,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] when it does not.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let timeout = self.inner.timeout;
-        tokio::time::timeout(timeout, async {
+        self.bounded(Instant::now() + self.inner.timeout, async {
             let clients = self.clients().await?;
             clients
                 .database
@@ -405,84 +389,6 @@ impl Store {
                 .map_err(StoreError::Query)
         })
         .await
-        .map_err(|_| StoreError::Timeout(timeout))?
-    }
-
-    async fn query(
-        &self,
-        thread_id: &str,
-        hydration: Hydration,
-        deadline: Instant,
-    ) -> Result<ThreadEvents, StoreError> {
-        let started = Instant::now();
-        let limit = self.inner.max_thread_bytes;
-        let (markers, skipped_markers) = self
-            .with_hint_fallback(&self.inner.thread_hint, |hint| {
-                self.visible_displays(thread_id, hint, deadline)
-            })
-            .await?;
-        self.inner
-            .metrics
-            .store_query(QueryKind::Markers(hydration), started.elapsed());
-        if markers.is_empty() {
-            // Fail closed: legacy threads without markers reconstruct as empty history ([contract
-            // 4](../docs/contract.md#4)). Any client can ask for a thread that does not exist, so the warning is
-            // rate-limited.
-            if self.inner.no_marker_warnings.allow() {
-                tracing::warn!(
-                    thread_id,
-                    "No client-visible display marker found for thread history"
-                );
-            }
-            return Ok(ThreadEvents {
-                skipped_markers,
-                ..ThreadEvents::default()
-            });
-        }
-        // The displays count against the limit as the view holds them.
-        let display_bytes: usize = markers.iter().map(|d| display_bytes(d)).sum();
-        let Some(budget) = limit.checked_sub(display_bytes) else {
-            return Err(self.too_large(thread_id));
-        };
-        let displays: Vec<Bson> = markers.iter().map(|d| Bson::from(d.as_str())).collect();
-        let started = Instant::now();
-        let clients = self.clients().await?;
-        let events = self
-            .with_hint_fallback(&self.inner.thread_hint, |hint| {
-                self.find_events(
-                    &clients.collection,
-                    events_filter(thread_id, &displays),
-                    Some(events_sort()),
-                    hint,
-                    Bounds { deadline, budget },
-                )
-            })
-            .await
-            .map_err(|error| match error {
-                StoreError::TooLarge { .. } => self.too_large(thread_id),
-                other => other,
-            })?;
-        self.inner
-            .metrics
-            .store_query(QueryKind::Events(hydration), started.elapsed());
-        Ok(ThreadEvents {
-            displays: markers,
-            events,
-            skipped_markers,
-        })
-    }
-
-    /// The error of a read stopped by the per-thread limit, warned about (rate-limited, metadata only).
-    fn too_large(&self, thread_id: &str) -> StoreError {
-        let limit = self.inner.max_thread_bytes;
-        if self.inner.too_large_warnings.allow() {
-            tracing::warn!(
-                thread_id,
-                limit_bytes = limit,
-                "A thread's stored events exceed HISTORY_VIEW_MAX_THREAD_BYTES; its reads answer 507"
-            );
-        }
-        StoreError::TooLarge { limit }
     }
 
     /// Stage 1: the distinct string `display_id`s of the thread's `UserAgent` display markers, and how many
@@ -492,18 +398,18 @@ impl Store {
     /// `distinct` accepts a hint only from MongoDB 7.1 while `aggregate` has accepted one since 3.6 (FerretDB 2
     /// speaks the 7.0 wire version). Same filter, same values; displays that are missing or null are dropped, as
     /// they cannot be a display a client sees.
-    async fn visible_displays(
+    async fn find_displays(
         &self,
         thread_id: &str,
         hint: Option<&str>,
-        deadline: Instant,
-    ) -> Result<(Vec<String>, u64), StoreError> {
+        bounds: Bounds,
+    ) -> Result<VisibleDisplays, StoreError> {
         let mut action = self
             .clients()
             .await?
             .collection
             .aggregate(markers_pipeline(thread_id))
-            .max_time(time_left(deadline));
+            .max_time(time_left(bounds.deadline));
         if let Some(hint) = hint {
             action = action.hint(Hint::Name(hint.to_owned()));
         }
@@ -515,8 +421,10 @@ impl Store {
             match cursor.current().get("_id") {
                 Ok(Some(RawBsonRef::String(display))) => {
                     bytes += display_bytes(display);
-                    if bytes > self.inner.max_thread_bytes {
-                        return Err(self.too_large(thread_id));
+                    if bytes > bounds.budget {
+                        return Err(StoreError::TooLarge {
+                            limit: bounds.budget,
+                        });
                     }
                     displays.push(display.to_owned());
                 }
@@ -528,7 +436,10 @@ impl Store {
                 _ => skipped += 1,
             }
         }
-        Ok((displays, skipped))
+        Ok(VisibleDisplays {
+            displays,
+            skipped_markers: skipped,
+        })
     }
 
     /// Stage 2 (sorted, in projection order) or a fill (unsorted: the view orders what it holds): the rows that
@@ -626,11 +537,89 @@ impl Store {
     }
 }
 
-/// What bounds one query: the read's deadline and the bytes of compact events it may hold.
-#[derive(Debug, Clone, Copy)]
-struct Bounds {
-    deadline: Instant,
-    budget: usize,
+impl StoreReads for Store {
+    async fn visible_displays(
+        &self,
+        thread_id: &str,
+        hydration: Hydration,
+        bounds: Bounds,
+    ) -> Result<VisibleDisplays, StoreError> {
+        let started = Instant::now();
+        let displays = self
+            .bounded(
+                bounds.deadline,
+                self.with_hint_fallback(&self.inner.thread_hint, |hint| {
+                    self.find_displays(thread_id, hint, bounds)
+                }),
+            )
+            .await?;
+        self.inner
+            .metrics
+            .store_query(QueryKind::Markers(hydration), started.elapsed());
+        Ok(displays)
+    }
+
+    async fn display_events(
+        &self,
+        thread_id: &str,
+        displays: &[String],
+        hydration: Hydration,
+        bounds: Bounds,
+    ) -> Result<Vec<ViewEvent>, StoreError> {
+        let displays: Vec<Bson> = displays.iter().map(|d| Bson::from(d.as_str())).collect();
+        let started = Instant::now();
+        let events = self
+            .bounded(bounds.deadline, async {
+                let clients = self.clients().await?;
+                self.with_hint_fallback(&self.inner.thread_hint, |hint| {
+                    self.find_events(
+                        &clients.collection,
+                        events_filter(thread_id, &displays),
+                        Some(events_sort()),
+                        hint,
+                        bounds,
+                    )
+                })
+                .await
+            })
+            .await?;
+        self.inner
+            .metrics
+            .store_query(QueryKind::Events(hydration), started.elapsed());
+        Ok(events)
+    }
+
+    async fn fill_events(
+        &self,
+        wanted: &[(&str, &[Box<str>])],
+        bounds: Bounds,
+    ) -> Result<Vec<ViewEvent>, StoreError> {
+        let threads: Vec<&str> = wanted.iter().map(|(thread, _)| *thread).collect();
+        let displays: Vec<Bson> = wanted
+            .iter()
+            .flat_map(|(_, displays)| displays.iter().map(|d| Bson::from(&**d)))
+            .collect();
+        let started = Instant::now();
+        let events = self
+            .bounded(bounds.deadline, async {
+                let clients = self.clients().await?;
+                self.with_hint_fallback(&self.inner.display_hint, |hint| {
+                    self.find_events(
+                        &clients.fill_collection,
+                        fill_filter(&threads, &displays),
+                        None,
+                        hint,
+                        bounds,
+                    )
+                })
+                .await
+            })
+            .await?;
+        self.inner
+            .metrics
+            .store_query(QueryKind::Fill, started.elapsed());
+        Ok(events)
+    }
 }
 
 /// A query's `maxTimeMS`: the read's time left (at least a millisecond, which the store reads as a limit; zero

@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
-use crate::config::LogFormat;
+use crate::setting::LogFormat;
 
 /// Installs the global subscriber writing to `sink`. Returns false when one was installed already (tests build
 /// several applications in one process), which is not an error.

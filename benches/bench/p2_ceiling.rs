@@ -85,6 +85,7 @@ async fn serve(
         config.mongodb_uri.expose(),
         config.store_settings(),
         metrics.clone(),
+        coverage.clone(),
     )
     .await
     .expect("a store client");
@@ -92,9 +93,7 @@ async fn serve(
         store,
         metrics.clone(),
         coverage.clone(),
-        config.cache_max_bytes,
-        config.cache_idle,
-        config.max_concurrent_hydrations,
+        config.cache_settings(),
     );
     let state = AppState {
         views,

@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::cache::ReadError;
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -19,7 +20,7 @@ pub enum ApiError {
     #[error("missing or invalid bearer token")]
     Unauthorized,
     #[error("the event store is unavailable; try again")]
-    StoreUnavailable(#[source] StoreError),
+    StoreUnavailable(#[source] ReadError),
     /// The store refused the thread's query for a reason retrying cannot fix (logged with the thread id).
     #[error("the event store rejected the query for this thread")]
     StoreQueryRejected,
@@ -69,14 +70,14 @@ fn chain(error: &dyn std::error::Error) -> String {
 
 impl ApiError {
     /// The answer to a history read of `thread_id` that failed with `error`.
-    pub fn from_read(error: StoreError, thread_id: &str) -> Self {
+    pub fn from_read(error: ReadError, thread_id: &str) -> Self {
         match error {
-            StoreError::Rejected(cause) => {
+            ReadError::Store(StoreError::Rejected(cause)) => {
                 tracing::error!(thread_id, error = %chain(&cause), "history read failed: the store rejected the query");
                 ApiError::StoreQueryRejected
             }
             // Logged (rate-limited) where the limit was met.
-            StoreError::TooLarge { limit } => ApiError::ThreadTooLarge { limit },
+            ReadError::TooLarge { limit } => ApiError::ThreadTooLarge { limit },
             other => ApiError::StoreUnavailable(other),
         }
     }
@@ -111,21 +112,23 @@ mod tests {
     #[test]
     fn a_rejected_query_is_a_500_without_retry_after_and_an_outage_a_503_with_it() {
         let rejected = ApiError::from_read(
-            StoreError::Rejected(mongodb::error::Error::custom("bad value")),
+            StoreError::Rejected(mongodb::error::Error::custom("bad value")).into(),
             "t",
         )
         .into_response();
         assert_eq!(rejected.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert!(rejected.headers().get(header::RETRY_AFTER).is_none());
 
-        let outage =
-            ApiError::from_read(StoreError::Timeout(std::time::Duration::from_secs(1)), "t")
-                .into_response();
+        let outage = ApiError::from_read(
+            StoreError::Timeout(std::time::Duration::from_secs(1)).into(),
+            "t",
+        )
+        .into_response();
         assert_eq!(outage.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(outage.headers()[header::RETRY_AFTER], "1");
 
         let too_large =
-            ApiError::from_read(StoreError::TooLarge { limit: 1 << 20 }, "t").into_response();
+            ApiError::from_read(ReadError::TooLarge { limit: 1 << 20 }, "t").into_response();
         assert_eq!(too_large.status(), StatusCode::INSUFFICIENT_STORAGE);
         assert!(too_large.headers().get(header::RETRY_AFTER).is_none());
     }

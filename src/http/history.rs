@@ -14,10 +14,10 @@ use super::{ApiError, AppState};
 use crate::cache::Answer;
 use crate::project::Identity;
 
-/// Longest accepted thread id, in bytes.
 /// The response header saying where a history came from: `cache` or `store`.
 pub const SOURCE_HEADER: &str = "x-history-source";
 
+/// Longest accepted thread id, in bytes.
 pub const MAX_THREAD_ID_BYTES: usize = 256;
 
 /// A thread id that can be a NATS subject token: non-empty, at most 256 bytes, no `.`, `*`, `>`, whitespace or

@@ -23,9 +23,9 @@ pub use history::{SOURCE_HEADER, ThreadId, canonical_object_id};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
 
 use crate::cache::ViewCache;
-use crate::config::Secret;
 use crate::metrics::{HttpRefusal, Metrics};
 use crate::readiness::Readiness;
+use crate::setting::Secret;
 
 /// What every handler may use. Cloning is cheap.
 #[derive(Clone)]

@@ -38,6 +38,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use bytes::Bytes;
 use moka::future::Cache;
 use moka::ops::compute::Op;
@@ -47,12 +49,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coverage::{self, Coverage, Stamp, Verdict};
 use crate::decode::ViewEvent;
-use crate::metrics::{
-    EventOutcome, FillOutcome, Hydration, LimitPath, Metrics, RereadResult, Source,
-};
+use crate::metrics::{EventOutcome, FillOutcome, Metrics, RereadResult};
 use crate::project::{HistoryMessage, Identity, Projection};
-use crate::store::{Store, StoreError};
-use crate::view::{Inserted, ThreadView, ViewState};
+use crate::store::{Bounds, Hydration, Store, StoreError, StoreReads};
+use crate::telemetry::RateLimit;
+use crate::view::{Inserted, ThreadView, ViewState, display_bytes};
 
 /// Most views one fill query serves.
 const FILL_BATCH: usize = 64;
@@ -65,6 +66,71 @@ struct FillRequest {
     _lock: tokio::sync::OwnedMutexGuard<()>,
 }
 
+/// Where a read's answer came from; also the `X-History-Source` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Cache,
+    Store,
+}
+
+impl Source {
+    /// The `source` label of the read metrics and the `X-History-Source` header's value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::Cache => "cache",
+            Source::Store => "store",
+        }
+    }
+}
+
+/// Where `HISTORY_VIEW_MAX_THREAD_BYTES` stopped a thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitPath {
+    /// A store read (hydration) of the thread: the read answers 507.
+    Read,
+    /// A live view (live events, a fill) outgrew it: the view left the cache.
+    Live,
+}
+
+impl LimitPath {
+    /// The `path` label of `history_view_thread_limit_exceeded_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            LimitPath::Read => "read",
+            LimitPath::Live => "live",
+        }
+    }
+}
+
+/// Why a read could not be answered (the view stays partial).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The view needed the store and the store failed.
+    #[error(transparent)]
+    Store(StoreError),
+    /// Every slot for store reads of whole threads stayed taken for the whole store timeout.
+    #[error("too many store reads were in flight; none finished within the store timeout")]
+    Busy,
+    /// The read waited for another read of the same thread, and that one could not reach the store.
+    #[error("a concurrent read of this thread could not reach the store")]
+    ConcurrentReadFailed,
+    /// The thread's events exceed `HISTORY_VIEW_MAX_THREAD_BYTES` (in the store, or in the view with its live
+    /// events).
+    #[error(
+        "the thread's events exceed the per-thread limit of {limit} bytes (HISTORY_VIEW_MAX_THREAD_BYTES)"
+    )]
+    TooLarge { limit: usize },
+}
+
+impl From<StoreError> for ReadError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::TooLarge { limit } => ReadError::TooLarge { limit },
+            other => ReadError::Store(other),
+        }
+    }
+}
+
 /// A rendered history response.
 #[derive(Debug, Clone)]
 pub struct Answer {
@@ -75,11 +141,30 @@ pub struct Answer {
     pub source: Source,
 }
 
-/// The view cache and the store behind it. Cloning is cheap.
-#[derive(Clone)]
-pub struct ViewCache {
+/// What the view cache is configured with.
+#[derive(Debug, Clone)]
+pub struct CacheSettings {
+    /// `HISTORY_VIEW_CACHE_MAX_BYTES`: the byte budget of the views held.
+    pub max_bytes: u64,
+    /// `HISTORY_VIEW_CACHE_IDLE_SECS`: a view unused this long leaves.
+    pub idle: Duration,
+    /// `HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS`: store reads of whole threads at once.
+    pub concurrent_hydrations: usize,
+    /// `HISTORY_VIEW_STORE_TIMEOUT_MS`: how long a read may wait for the store, a hydration slot included.
+    pub store_timeout: Duration,
+    /// `HISTORY_VIEW_MAX_THREAD_BYTES`: most bytes of events one view or store read may hold.
+    pub max_thread_bytes: usize,
+}
+
+/// The view cache and the store behind it (MongoDB's [`Store`]; an in-memory fake in the unit tests). Cloning is
+/// cheap.
+pub struct ViewCache<S = Store> {
     cache: Cache<String, Arc<Entry>>,
-    store: Store,
+    store: Arc<S>,
+    settings: Arc<CacheSettings>,
+    /// Rate limits of the warnings about threads without a visible marker, and about reads stopped by the limit.
+    no_marker_warnings: Arc<RateLimit>,
+    too_large_warnings: Arc<RateLimit>,
     metrics: Metrics,
     /// Whether a store read may complete a view, and the epoch complete views are checked against.
     coverage: Coverage,
@@ -209,6 +294,13 @@ impl Drop for ViewGuard<'_> {
             }
         }
     }
+}
+
+/// A thread's rows as a hydration read them.
+struct ThreadRows {
+    displays: Vec<String>,
+    events: Vec<ViewEvent>,
+    skipped_markers: u64,
 }
 
 /// The response body's shape.
@@ -383,29 +475,42 @@ pub fn answer(thread_id: &str, projection: &Projection, source: Source) -> Answe
     }
 }
 
-impl ViewCache {
-    pub fn new(
-        store: Store,
-        metrics: Metrics,
-        coverage: Coverage,
-        max_bytes: u64,
-        idle: Duration,
-        concurrent_hydrations: usize,
-    ) -> Self {
+impl<S> Clone for ViewCache<S> {
+    fn clone(&self) -> Self {
+        Self {
+            cache: self.cache.clone(),
+            store: Arc::clone(&self.store),
+            settings: Arc::clone(&self.settings),
+            no_marker_warnings: Arc::clone(&self.no_marker_warnings),
+            too_large_warnings: Arc::clone(&self.too_large_warnings),
+            metrics: self.metrics.clone(),
+            coverage: self.coverage.clone(),
+            stop: self.stop.clone(),
+            fills: self.fills.clone(),
+            hydration_slots: Arc::clone(&self.hydration_slots),
+        }
+    }
+}
+
+impl<S: StoreReads> ViewCache<S> {
+    pub fn new(store: S, metrics: Metrics, coverage: Coverage, settings: CacheSettings) -> Self {
         let cache = Cache::builder()
-            .max_capacity(max_bytes)
+            .max_capacity(settings.max_bytes)
             .weigher(|_thread: &String, entry: &Arc<Entry>| entry.charge())
-            .time_to_idle(idle)
+            .time_to_idle(settings.idle)
             .build();
         let (fills, requests) = mpsc::channel(FILL_QUEUE);
         let views = Self {
             cache,
-            store,
+            store: Arc::new(store),
+            hydration_slots: Arc::new(tokio::sync::Semaphore::new(settings.concurrent_hydrations)),
+            settings: Arc::new(settings),
+            no_marker_warnings: Arc::default(),
+            too_large_warnings: Arc::default(),
             metrics,
             coverage,
             stop: CancellationToken::new(),
             fills,
-            hydration_slots: Arc::new(tokio::sync::Semaphore::new(concurrent_hydrations)),
         };
         tokio::spawn(views.clone().run_fills(requests));
         views
@@ -436,12 +541,12 @@ impl ViewCache {
     /// Answers a history read, from memory when the view is complete, otherwise by hydrating it from the store.
     ///
     /// # Errors
-    /// [`StoreError`] when the view needed the store and the store failed; the view stays partial.
+    /// [`ReadError`] when the view needed the store and the store failed (or was busy), or the thread is too large.
     pub async fn read(
         &self,
         thread_id: &str,
         primary: Option<&Identity>,
-    ) -> Result<Answer, StoreError> {
+    ) -> Result<Answer, ReadError> {
         let entry = self.entry(thread_id).await;
         if let Some(answer) = self.complete_answer(&entry, primary, Source::Cache) {
             self.metrics.cache_hit();
@@ -459,7 +564,7 @@ impl ViewCache {
             return Err(self.too_large());
         }
         if entry.failed_hydrations.load(Ordering::Acquire) != failures_before {
-            return Err(StoreError::ConcurrentReadFailed);
+            return Err(ReadError::ConcurrentReadFailed);
         }
         let shared = entry.hydrations.load(Ordering::Acquire) != hydrations_before;
         if !shared {
@@ -490,36 +595,35 @@ impl ViewCache {
 
     /// Reads the thread from the store and merges the live events held; marks the view complete when the coverage
     /// verdict allows it, or schedules a re-read for when it will. The caller holds the entry's hydration lock.
-    async fn hydrate(&self, entry: &Arc<Entry>, hydration: Hydration) -> Result<(), StoreError> {
-        let deadline = self.store.deadline();
+    async fn hydrate(&self, entry: &Arc<Entry>, hydration: Hydration) -> Result<(), ReadError> {
+        let deadline = Instant::now() + self.settings.store_timeout;
         // Waiting for a slot counts against the read's store timeout.
-        let Ok(Ok(_slot)) =
-            tokio::time::timeout_at(deadline.into(), self.hydration_slots.acquire()).await
+        let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
         else {
             entry.failed_hydrations.fetch_add(1, Ordering::AcqRel);
             self.metrics.hydration_slot_timeout();
-            return Err(StoreError::Busy);
+            return Err(ReadError::Busy);
         };
         let start = self.coverage.read_start_now(entry.bucket, entry.floor);
-        let rows = match self
-            .store
-            .thread_rows(&entry.thread_id, hydration, deadline)
+        let (visible, events) = match self
+            .read_thread(&entry.thread_id, hydration, deadline)
             .await
         {
             Ok(rows) => rows,
             Err(error) => {
-                if error.is_outage() {
-                    self.coverage.store_failed();
-                }
                 if let StoreError::TooLarge { .. } = error {
                     self.leave_too_large(entry, LimitPath::Read).await;
                 }
                 entry.failed_hydrations.fetch_add(1, Ordering::AcqRel);
                 self.metrics.hydration(false);
-                return Err(error);
+                return Err(error.into());
             }
         };
-        self.coverage.store_answered(self.coverage.now());
+        let rows = ThreadRows {
+            displays: visible.displays,
+            events,
+            skipped_markers: visible.skipped_markers,
+        };
         if rows.skipped_markers > 0 {
             self.metrics.markers_skipped(rows.skipped_markers);
             if !entry.skipped_markers_warned.swap(true, Ordering::Relaxed) {
@@ -563,6 +667,69 @@ impl ViewCache {
         Ok(())
     }
 
+    /// The two-stage query of `thread_id` ([contract 4](../docs/contract.md#4)) within `deadline` and
+    /// `HISTORY_VIEW_MAX_THREAD_BYTES` (the displays count against it as the view holds them).
+    ///
+    /// # Errors
+    /// [`StoreError`] from either stage; `TooLarge` naming the per-thread limit.
+    async fn read_thread(
+        &self,
+        thread_id: &str,
+        hydration: Hydration,
+        deadline: Instant,
+    ) -> Result<(crate::store::VisibleDisplays, Vec<ViewEvent>), StoreError> {
+        let limit = self.settings.max_thread_bytes;
+        let bounds = Bounds {
+            deadline,
+            budget: limit,
+        };
+        let visible = self
+            .store
+            .visible_displays(thread_id, hydration, bounds)
+            .await
+            .map_err(|error| self.limit_met(error, thread_id))?;
+        if visible.displays.is_empty() {
+            // Fail closed: legacy threads without markers reconstruct as empty history ([contract
+            // 4](../docs/contract.md#4)). Any client can ask for a thread that does not exist, so the warning is
+            // rate-limited.
+            if self.no_marker_warnings.allow() {
+                tracing::warn!(
+                    thread_id,
+                    "No client-visible display marker found for thread history"
+                );
+            }
+            return Ok((visible, Vec::new()));
+        }
+        let displays: usize = visible.displays.iter().map(|d| display_bytes(d)).sum();
+        let bounds = Bounds {
+            deadline,
+            budget: limit.saturating_sub(displays),
+        };
+        let events = self
+            .store
+            .display_events(thread_id, &visible.displays, hydration, bounds)
+            .await
+            .map_err(|error| self.limit_met(error, thread_id))?;
+        Ok((visible, events))
+    }
+
+    /// A store read stopped by its budget is a read past the per-thread limit: warned about (rate-limited, metadata
+    /// only) and named by the limit; other errors pass through.
+    fn limit_met(&self, error: StoreError, thread_id: &str) -> StoreError {
+        let StoreError::TooLarge { .. } = error else {
+            return error;
+        };
+        let limit = self.settings.max_thread_bytes;
+        if self.too_large_warnings.allow() {
+            tracing::warn!(
+                thread_id,
+                limit_bytes = limit,
+                "A thread's stored events exceed HISTORY_VIEW_MAX_THREAD_BYTES; its reads answer 507"
+            );
+        }
+        StoreError::TooLarge { limit }
+    }
+
     /// Re-reads `entry` from the store at `until` in the background (once per entry at a time), so a view held
     /// partial by the persister-lag bound becomes complete without a reader waiting for the store.
     fn schedule_reread(&self, entry: &Arc<Entry>, until: Stamp) {
@@ -571,7 +738,7 @@ impl ViewCache {
         }
         let views = self.clone();
         let entry = Arc::clone(entry);
-        let at = tokio::time::Instant::from_std(self.coverage.instant(until));
+        let at = self.coverage.instant(until);
         tokio::spawn(async move {
             tokio::select! {
                 biased;
@@ -715,9 +882,12 @@ impl ViewCache {
             .iter()
             .map(|(request, displays)| (&*request.entry.thread_id, displays.as_slice()))
             .collect();
-        match self.store.display_rows(&wanted).await {
+        let bounds = Bounds {
+            deadline: Instant::now() + self.settings.store_timeout,
+            budget: self.settings.max_thread_bytes.saturating_mul(wanted.len()),
+        };
+        match self.store.fill_events(&wanted, bounds).await {
             Ok(events) => {
-                self.coverage.store_answered(self.coverage.now());
                 let index: HashMap<&str, usize> = wanted
                     .iter()
                     .enumerate()
@@ -746,9 +916,6 @@ impl ViewCache {
                 }
             }
             Err(error) => {
-                if error.is_outage() {
-                    self.coverage.store_failed();
-                }
                 tracing::warn!(views = work.len(), %error, "filling newly visible displays failed; their next reads hydrate");
                 for (request, _) in work {
                     if request.entry.view(&self.metrics).downgrade() {
@@ -798,16 +965,16 @@ impl ViewCache {
     }
 
     /// The error of a read of a thread past `HISTORY_VIEW_MAX_THREAD_BYTES`.
-    fn too_large(&self) -> StoreError {
-        StoreError::TooLarge {
-            limit: self.store.max_thread_bytes(),
+    fn too_large(&self) -> ReadError {
+        ReadError::TooLarge {
+            limit: self.settings.max_thread_bytes,
         }
     }
 
     /// Lets `entry` leave the cache if its view holds more than `HISTORY_VIEW_MAX_THREAD_BYTES`; returns whether
     /// it did.
     async fn leave_if_too_large(&self, entry: &Arc<Entry>, path: LimitPath) -> bool {
-        let over = entry.view_bytes.load(Ordering::Relaxed) > self.store.max_thread_bytes();
+        let over = entry.view_bytes.load(Ordering::Relaxed) > self.settings.max_thread_bytes;
         if over && !entry.too_large.load(Ordering::Acquire) {
             self.leave_too_large(entry, path).await;
         }
@@ -829,7 +996,7 @@ impl ViewCache {
         if path == LimitPath::Live {
             tracing::warn!(
                 thread_id = &*entry.thread_id,
-                limit_bytes = self.store.max_thread_bytes(),
+                limit_bytes = self.settings.max_thread_bytes,
                 "A thread's live view outgrew HISTORY_VIEW_MAX_THREAD_BYTES and left the cache; its reads answer 507"
             );
         }
@@ -838,7 +1005,10 @@ impl ViewCache {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests;
+
+#[cfg(test)]
+mod entry_tests {
     use super::*;
     use crate::decode::decode_payload;
     use crate::subject::DeliveryKey;

@@ -1,0 +1,31 @@
+//! Value types of settings that [`crate::config`] parses and the components that use them share: a [`Secret`] and
+//! the [`LogFormat`]. A leaf: it depends on nothing in the crate, so no component imports `config`.
+
+use std::fmt;
+
+/// How log lines are written (`HISTORY_VIEW_LOG_FORMAT`, used by [`crate::telemetry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Text,
+    Auto,
+}
+
+/// A setting that must not appear in logs or `Debug` output (the Mongo URI, the API token, the NATS URL).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
