@@ -12,8 +12,9 @@
 //! - [`view`]: a thread's events, deduplicated and in projection order; `Complete` or `Partial`.
 //! - [`project`]: the pure projector: events and the read's primary identity become the history and warnings.
 //! - [`ingest`]: the NATS loop (subject → decode → view) and the connection watcher (gaps → downgrades).
-//! - [`store`]: the two-stage MongoDB query, decoded by the same decoder.
-//! - [`cache`]: the moka cache of views; reads answer from complete views or hydrate from the store.
+//! - [`store`]: the MongoDB queries (the two stages and a fill) behind `StoreReads`, decoded by the same decoder.
+//! - [`cache`]: the moka cache of views; reads answer from complete views or hydrate from the store (one explicit
+//!   state per entry for what its store side is doing).
 //! - [`coverage`]: since when the live stream has covered a thread, so whether a store read may complete a view.
 //! - [`http`]: the read API, health, readiness, metrics and the OpenAPI document.
 //! - [`config`] (with [`setting`], the value types components share with it), [`telemetry`], [`metrics`], [`readiness`], [`startup`], [`shutdown`]: the service around them.

@@ -1,6 +1,7 @@
 //! `Metrics`: the service's Prometheus metrics on its own registry (never the global one), with typed handles.
-//! Label values come from closed sets, never from ids: the outcome enums below, and the domain's own enums where a
-//! component owns the distinction ([`Source`] and [`LimitPath`] in the cache, [`Hydration`] in the store).
+//! Label values come from closed sets, never from ids: the outcome enums below, and the `label()`s of the enums a
+//! component owns (the cache's `Source` and `LimitPath`, the store's `QueryKind`). A leaf: it imports nothing of
+//! the crate.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,9 +10,6 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
-
-use crate::cache::{LimitPath, Source};
-use crate::store::Hydration;
 
 /// What became of one message received from NATS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,39 +43,6 @@ impl EventOutcome {
             EventOutcome::Duplicate => "duplicate",
             EventOutcome::Malformed => "malformed",
             EventOutcome::BadSubject => "bad_subject",
-        }
-    }
-}
-
-/// The store queries, by what they are for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueryKind {
-    /// Stage 1 of a hydration: displays with a `UserAgent` marker.
-    Markers(Hydration),
-    /// Stage 2 of a hydration: the projectable events on those displays.
-    Events(Hydration),
-    /// The stored events of displays a live marker made visible (off the read path).
-    Fill,
-}
-
-impl QueryKind {
-    /// The `kind` label of `history_view_store_queries_total`.
-    pub fn label(self) -> &'static str {
-        match self {
-            QueryKind::Markers(Hydration::OnRead) => "hydration_markers",
-            QueryKind::Events(Hydration::OnRead) => "hydration_events",
-            QueryKind::Markers(Hydration::Reread) => "reread_markers",
-            QueryKind::Events(Hydration::Reread) => "reread_events",
-            QueryKind::Fill => "fill",
-        }
-    }
-
-    /// The `stage` label of `history_view_store_query_duration_seconds`.
-    pub fn stage(self) -> &'static str {
-        match self {
-            QueryKind::Markers(_) => "markers",
-            QueryKind::Events(_) => "events",
-            QueryKind::Fill => "fill",
         }
     }
 }
@@ -414,10 +379,11 @@ impl Metrics {
         };
         self.inner.http_timeouts.with_label_values(&[label]).inc();
     }
-    pub fn thread_limit_exceeded(&self, path: LimitPath) {
+    /// A thread stopped by `HISTORY_VIEW_MAX_THREAD_BYTES`; `path` is the cache's `LimitPath::label`.
+    pub fn thread_limit_exceeded(&self, path: &'static str) {
         self.inner
             .thread_limit_exceeded
-            .with_label_values(&[path.label()])
+            .with_label_values(&[path])
             .inc();
     }
     pub fn markers_skipped(&self, n: u64) {
@@ -452,23 +418,22 @@ impl Metrics {
             .cache_weighted_bytes
             .set(i64::try_from(weighted_bytes).unwrap_or(i64::MAX));
     }
-    pub fn store_query(&self, kind: QueryKind, elapsed: Duration) {
+    /// A store query answered in `elapsed`; `kind` and `stage` are the store's `QueryKind::label` and `stage`.
+    pub fn store_query(&self, kind: &'static str, stage: &'static str, elapsed: Duration) {
         self.inner
             .store_query_seconds
-            .with_label_values(&[kind.stage()])
+            .with_label_values(&[stage])
             .observe(elapsed.as_secs_f64());
-        self.inner
-            .store_queries
-            .with_label_values(&[kind.label()])
-            .inc();
+        self.inner.store_queries.with_label_values(&[kind]).inc();
     }
     pub fn fill(&self, outcome: FillOutcome) {
         self.inner.fills.with_label_values(&[outcome.label()]).inc();
     }
-    pub fn read(&self, source: Source, elapsed: Duration) {
+    /// A history read answered in `elapsed`; `source` is the cache's `Source::label`.
+    pub fn read(&self, source: &'static str, elapsed: Duration) {
         self.inner
             .read_seconds
-            .with_label_values(&[source.label()])
+            .with_label_values(&[source])
             .observe(elapsed.as_secs_f64());
     }
     /// Records how long after its `created_at` (ns since the epoch) an event was received.

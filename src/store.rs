@@ -27,7 +27,7 @@ use crate::coverage::Coverage;
 use crate::decode::{
     DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, Family, USER_AGENT, ViewEvent, decode_row,
 };
-use crate::metrics::{Metrics, QueryKind};
+use crate::metrics::Metrics;
 use crate::subject::KEY_FIELDS;
 use crate::telemetry::RateLimit;
 use crate::view::{display_bytes, event_bytes};
@@ -46,6 +46,39 @@ const FILL_POOL_SIZE: u32 = 2;
 pub enum Hydration {
     OnRead,
     Reread,
+}
+
+/// The store queries, by what they are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueryKind {
+    /// Stage 1 of a hydration: displays with a `UserAgent` marker.
+    Markers(Hydration),
+    /// Stage 2 of a hydration: the projectable events on those displays.
+    Events(Hydration),
+    /// The stored events of displays a live marker made visible (off the read path).
+    Fill,
+}
+
+impl QueryKind {
+    /// The `kind` label of `history_view_store_queries_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            QueryKind::Markers(Hydration::OnRead) => "hydration_markers",
+            QueryKind::Events(Hydration::OnRead) => "hydration_events",
+            QueryKind::Markers(Hydration::Reread) => "reread_markers",
+            QueryKind::Events(Hydration::Reread) => "reread_events",
+            QueryKind::Fill => "fill",
+        }
+    }
+
+    /// The `stage` label of `history_view_store_query_duration_seconds`.
+    pub fn stage(self) -> &'static str {
+        match self {
+            QueryKind::Markers(_) => "markers",
+            QueryKind::Events(_) => "events",
+            QueryKind::Fill => "fill",
+        }
+    }
 }
 
 /// Why a store query failed. A read never answers a partial history: it answers 503, or 507 for `TooLarge`, or
@@ -374,6 +407,12 @@ impl Store {
         result
     }
 
+    fn record_query(&self, kind: QueryKind, elapsed: Duration) {
+        self.inner
+            .metrics
+            .store_query(kind.label(), kind.stage(), elapsed);
+    }
+
     /// Answers whether the store responds to `ping` within the timeout.
     ///
     /// # Errors
@@ -553,9 +592,7 @@ impl StoreReads for Store {
                 }),
             )
             .await?;
-        self.inner
-            .metrics
-            .store_query(QueryKind::Markers(hydration), started.elapsed());
+        self.record_query(QueryKind::Markers(hydration), started.elapsed());
         Ok(displays)
     }
 
@@ -567,26 +604,12 @@ impl StoreReads for Store {
         bounds: Bounds,
     ) -> Result<Vec<ViewEvent>, StoreError> {
         let displays: Vec<Bson> = displays.iter().map(|d| Bson::from(d.as_str())).collect();
-        let started = Instant::now();
-        let events = self
-            .bounded(bounds.deadline, async {
-                let clients = self.clients().await?;
-                self.with_hint_fallback(&self.inner.thread_hint, |hint| {
-                    self.find_events(
-                        &clients.collection,
-                        events_filter(thread_id, &displays),
-                        Some(events_sort()),
-                        hint,
-                        bounds,
-                    )
-                })
-                .await
-            })
-            .await?;
-        self.inner
-            .metrics
-            .store_query(QueryKind::Events(hydration), started.elapsed());
-        Ok(events)
+        self.events_query(
+            QueryKind::Events(hydration),
+            events_filter(thread_id, &displays),
+            bounds,
+        )
+        .await
     }
 
     async fn fill_events(
@@ -599,25 +622,43 @@ impl StoreReads for Store {
             .iter()
             .flat_map(|(_, displays)| displays.iter().map(|d| Bson::from(&**d)))
             .collect();
+        self.events_query(QueryKind::Fill, fill_filter(&threads, &displays), bounds)
+            .await
+    }
+}
+
+impl Store {
+    /// Stage 2 (sorted, the hydration index, the main pool) or a fill (unsorted, the display index, the fills' own
+    /// pool): the events `filter` selects, within `bounds`, recorded as `kind`.
+    async fn events_query(
+        &self,
+        kind: QueryKind,
+        filter: Document,
+        bounds: Bounds,
+    ) -> Result<Vec<ViewEvent>, StoreError> {
+        let fill = kind == QueryKind::Fill;
+        let hint = if fill {
+            &self.inner.display_hint
+        } else {
+            &self.inner.thread_hint
+        };
         let started = Instant::now();
         let events = self
             .bounded(bounds.deadline, async {
                 let clients = self.clients().await?;
-                self.with_hint_fallback(&self.inner.display_hint, |hint| {
-                    self.find_events(
-                        &clients.fill_collection,
-                        fill_filter(&threads, &displays),
-                        None,
-                        hint,
-                        bounds,
-                    )
+                let collection = if fill {
+                    &clients.fill_collection
+                } else {
+                    &clients.collection
+                };
+                self.with_hint_fallback(hint, |hint| {
+                    let sort = (!fill).then(events_sort);
+                    self.find_events(collection, filter.clone(), sort, hint, bounds)
                 })
                 .await
             })
             .await?;
-        self.inner
-            .metrics
-            .store_query(QueryKind::Fill, started.elapsed());
+        self.record_query(kind, started.elapsed());
         Ok(events)
     }
 }

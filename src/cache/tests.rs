@@ -276,6 +276,37 @@ impl Scene {
         tokio::spawn(async move { views.read(THREAD, None).await })
     }
 
+    /// A cold read of a stored thread past the bound, held at `query`'s gate until the test releases it.
+    async fn read_held_at(
+        &self,
+        query: Query,
+    ) -> tokio::task::JoinHandle<Result<Answer, ReadError>> {
+        self.stored_turn();
+        self.past_the_bound().await;
+        self.store.hold(query);
+        let reader = self.spawn_read();
+        self.store.reached(query, 1).await;
+        reader
+    }
+
+    /// A complete thread whose new turn's fill is held at its gate (told to fail if `fails`), with a read that
+    /// arrived meanwhile and waits.
+    async fn read_during_held_fill(
+        &self,
+        fails: bool,
+    ) -> tokio::task::JoinHandle<Result<Answer, ReadError>> {
+        self.complete_thread().await;
+        self.store.hold(Query::Fill);
+        if fails {
+            self.store.fail_next(Query::Fill);
+        }
+        self.new_turn_revealing_a_stored_event().await;
+        self.store.reached(Query::Fill, 1).await;
+        let reader = self.spawn_read();
+        settle().await;
+        reader
+    }
+
     /// A thread complete in memory: stored, read past the bound, then answered from the cache.
     async fn complete_thread(&self) {
         self.stored_turn();
@@ -334,12 +365,8 @@ async fn concurrent_readers_of_a_cold_thread_share_one_hydration() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_hydration_fails_its_waiters_at_once_and_the_next_read_tries_again() {
     let scene = Scene::new();
-    scene.stored_turn();
-    scene.past_the_bound().await;
-    scene.store.hold(Query::Markers);
     scene.store.fail_next(Query::Markers);
-    let first = scene.spawn_read();
-    scene.store.reached(Query::Markers, 1).await;
+    let first = scene.read_held_at(Query::Markers).await;
     let waiters: Vec<_> = (0..3).map(|_| scene.spawn_read()).collect();
     settle().await;
     scene.store.release(Query::Markers);
@@ -384,11 +411,7 @@ async fn a_view_held_partial_by_the_bound_is_completed_by_one_background_reread(
 #[tokio::test(start_paused = true)]
 async fn a_gap_during_a_hydration_leaves_the_view_partial() {
     let scene = Scene::new();
-    scene.stored_turn();
-    scene.past_the_bound().await;
-    scene.store.hold(Query::Events);
-    let reader = scene.spawn_read();
-    scene.store.reached(Query::Events, 1).await;
+    let reader = scene.read_held_at(Query::Events).await;
     scene.coverage.gap(scene.coverage.now());
     scene.store.release(Query::Events);
     let answer = reader.await.unwrap().unwrap();
@@ -406,11 +429,7 @@ async fn a_gap_during_a_hydration_leaves_the_view_partial() {
 #[tokio::test(start_paused = true)]
 async fn a_removal_in_the_bucket_during_a_hydration_leaves_the_view_partial() {
     let scene = Scene::new();
-    scene.stored_turn();
-    scene.past_the_bound().await;
-    scene.store.hold(Query::Markers);
-    let reader = scene.spawn_read();
-    scene.store.reached(Query::Markers, 1).await;
+    let reader = scene.read_held_at(Query::Markers).await;
     // Another entry of the thread's bucket (say its predecessor) is dropped while the read runs.
     let bucket = coverage::bucket(THREAD);
     scene.coverage.entry_created(bucket, scene.coverage.now());
@@ -423,12 +442,7 @@ async fn a_removal_in_the_bucket_during_a_hydration_leaves_the_view_partial() {
 #[tokio::test(start_paused = true)]
 async fn a_read_during_a_fill_waits_for_it_and_the_view_is_complete_after() {
     let scene = Scene::new();
-    scene.complete_thread().await;
-    scene.store.hold(Query::Fill);
-    scene.new_turn_revealing_a_stored_event().await;
-    scene.store.reached(Query::Fill, 1).await;
-    let reader = scene.spawn_read();
-    settle().await;
+    let reader = scene.read_during_held_fill(false).await;
     assert!(!reader.is_finished(), "the read waits for the fill");
     scene.store.release(Query::Fill);
     let answer = reader.await.unwrap().unwrap();
@@ -447,13 +461,7 @@ async fn a_read_during_a_fill_waits_for_it_and_the_view_is_complete_after() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_fill_fails_its_waiting_reader_and_the_next_read_hydrates() {
     let scene = Scene::new();
-    scene.complete_thread().await;
-    scene.store.hold(Query::Fill);
-    scene.store.fail_next(Query::Fill);
-    scene.new_turn_revealing_a_stored_event().await;
-    scene.store.reached(Query::Fill, 1).await;
-    let reader = scene.spawn_read();
-    settle().await;
+    let reader = scene.read_during_held_fill(true).await;
     scene.store.release(Query::Fill);
     assert!(matches!(
         reader.await.unwrap(),
@@ -468,12 +476,7 @@ async fn a_failed_fill_fails_its_waiting_reader_and_the_next_read_hydrates() {
 #[tokio::test(start_paused = true)]
 async fn a_gap_during_a_fill_leaves_the_view_partial_and_its_reader_hydrates() {
     let scene = Scene::new();
-    scene.complete_thread().await;
-    scene.store.hold(Query::Fill);
-    scene.new_turn_revealing_a_stored_event().await;
-    scene.store.reached(Query::Fill, 1).await;
-    let reader = scene.spawn_read();
-    settle().await;
+    let reader = scene.read_during_held_fill(false).await;
     scene.coverage.gap(scene.coverage.now());
     scene.store.release(Query::Fill);
     let answer = reader.await.unwrap().unwrap();
@@ -511,4 +514,19 @@ async fn a_thread_past_the_limit_answers_too_large_from_the_store_and_from_a_liv
         scene.read().await,
         Err(ReadError::TooLarge { limit: l }) if l == limit
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_that_goes_away_mid_hydration_hands_the_store_job_to_the_next() {
+    let scene = Scene::new();
+    let first = scene.read_held_at(Query::Markers).await;
+    let second = scene.spawn_read();
+    settle().await;
+    // The first reader's request is cancelled (its client hung up) while its hydration waits on the store.
+    first.abort();
+    scene.store.reached(Query::Markers, 2).await;
+    scene.store.release(Query::Markers);
+    let answer = second.await.unwrap().unwrap();
+    assert!(body(&answer).contains("answer-one"));
+    assert_eq!(scene.read().await.unwrap().source, Source::Cache);
 }

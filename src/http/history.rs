@@ -111,7 +111,7 @@ pub async fn get_history(
         .read(thread_id.as_str(), primary.as_ref())
         .await
         .map_err(|error| ApiError::from_read(error, thread_id.as_str()))?;
-    state.metrics.read(answer.source, started.elapsed());
+    state.metrics.read(answer.source.label(), started.elapsed());
     Ok(respond(answer, &headers))
 }
 

@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a process may take to answer after it was started.
@@ -18,13 +19,18 @@ pub fn free_port() -> u16 {
         .expect("a free local port")
 }
 
-/// A new directory under the system's temp dir, named after `prefix`, this process and a free port.
+/// A new directory under the system's temp dir, named after `prefix`, this process and a count of the directories
+/// it made. (A free port named them before: the system hands a released port out again, so two tests running at
+/// once could get one directory, and the first to finish removed the other's log and data under it.)
 pub fn temp_dir(prefix: &str) -> PathBuf {
+    static MADE: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
         "chv-{prefix}-{}-{}",
         std::process::id(),
-        free_port()
+        MADE.fetch_add(1, Ordering::Relaxed)
     ));
+    // A directory left by an earlier process with the same pid is stale: start empty.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
 }

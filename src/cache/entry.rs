@@ -1,0 +1,323 @@
+//! `Entry`: one cached thread, and the protocol of its locks.
+//!
+//! **Lock order** (a lock may be taken while holding those before it, never the other way):
+//! `view` → `waiting`, and `view` → `rendering`. The store side's state ([`StoreSide`], in [`super::work`]) is
+//! taken alone. All are std mutexes held for a few steps of CPU work, never across an `.await`.
+//!
+//! **Who holds what:**
+//! - The **view** is held by a reader rendering it, a hydration or fill merging into it, or the live path
+//!   applying one event. The live path never waits for it: an event for a locked view is pushed to `waiting`, and
+//!   whoever holds the view applies the waiting events before using it ([`Entry::lock_view`]) and again as it lets
+//!   go; a holder that lets go re-checks `waiting` and takes the view again if it is free, so no event is left
+//!   behind (an event pushed after the holder's last check finds the view free, or a holder that checks again).
+//! - **`rendering`** (the last answer and the warnings logged) is taken only while holding the view.
+//! - The **store side** (hydrating, fill queued or filling, a re-read scheduled) is one explicit state: a store
+//!   job's [`super::work::Ticket`] is held by the reader or background task that runs it, or waits in the fill
+//!   queue; everyone else waits for the job's outcome ([`super::work`]).
+//! - The byte counts are atomics, so weighing an entry never waits for its view.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+
+use super::render::{Answer, Rendering, Source};
+use super::work::StoreSide;
+use crate::coverage::{self, Coverage, Stamp};
+use crate::decode::ViewEvent;
+use crate::metrics::{EventOutcome, Metrics};
+use crate::project::Identity;
+use crate::view::{Inserted, ThreadView};
+
+/// One cached thread.
+pub struct Entry {
+    /// The cache key, kept so that live inserts need not copy it from each event.
+    pub thread_id: Box<str>,
+    /// The thread's removal bucket in [`Coverage`].
+    pub bucket: usize,
+    /// The floor of this entry's coverage start ([`Coverage::entry_created`]).
+    pub floor: Stamp,
+    /// Where the entry records its removal when it is dropped.
+    coverage: Coverage,
+    /// The view. Lock it through [`Entry::lock_view`], which applies the waiting events first.
+    view: Mutex<ThreadView>,
+    /// Live events that arrived while the view was locked; applied by the view's holder.
+    waiting: Mutex<Vec<ViewEvent>>,
+    /// The view's bytes, updated by every holder as it lets go.
+    pub view_bytes: AtomicUsize,
+    /// The bytes of the last rendered answer.
+    rendered_bytes: AtomicUsize,
+    /// The weight moka charged at the last insert.
+    charged: AtomicUsize,
+    /// The last rendered answer and the warnings logged for this view; taken while holding the view.
+    rendering: Mutex<Rendering>,
+    /// What the store side of the entry is doing.
+    pub store: StoreSide,
+    /// The thread outgrew `HISTORY_VIEW_MAX_THREAD_BYTES`: the entry left the cache with its view emptied, and its
+    /// readers answer 507.
+    pub too_large: AtomicBool,
+    /// Whether stage 1's skipped markers were warned about for this entry.
+    pub skipped_markers_warned: AtomicBool,
+}
+
+/// A locked view ([`Entry::lock_view`]). Letting go of it applies the events that waited meanwhile, records the
+/// view's bytes, and re-checks for events that arrived in between (taking the view again if it is free).
+pub struct ViewGuard<'a> {
+    entry: &'a Entry,
+    metrics: &'a Metrics,
+    /// `None` only while dropping.
+    view: Option<MutexGuard<'a, ThreadView>>,
+}
+
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a view lock leaves a view that is still structurally valid (every mutation is a
+    // single insert); serving it beats failing every later read of the thread.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<'a> ViewGuard<'a> {
+    /// Takes over `view` (locked) and applies the waiting events to it.
+    fn new(entry: &'a Entry, metrics: &'a Metrics, view: MutexGuard<'a, ThreadView>) -> Self {
+        let mut guard = ViewGuard {
+            entry,
+            metrics,
+            view: Some(view),
+        };
+        guard.apply_waiting();
+        guard
+    }
+
+    /// Inserts the waiting events, in arrival order, counting each as the live path would have.
+    fn apply_waiting(&mut self) {
+        let waiting = std::mem::take(&mut *lock(&self.entry.waiting));
+        for event in waiting {
+            let outcome = match self.insert(event) {
+                Inserted::Added => EventOutcome::Relevant,
+                Inserted::Duplicate => EventOutcome::Duplicate,
+            };
+            self.metrics.event(outcome);
+        }
+    }
+}
+
+impl std::ops::Deref for ViewGuard<'_> {
+    type Target = ThreadView;
+    fn deref(&self) -> &ThreadView {
+        self.view.as_deref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for ViewGuard<'_> {
+    fn deref_mut(&mut self) -> &mut ThreadView {
+        self.view.as_deref_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for ViewGuard<'_> {
+    fn drop(&mut self) {
+        loop {
+            self.apply_waiting();
+            self.entry.view_bytes.store(self.bytes(), Ordering::Relaxed);
+            drop(self.view.take());
+            // An event pushed after the last check, while this guard still held the view, waits for a holder:
+            // be that holder if the view is free (if it is not, its holder checks as it lets go).
+            if lock(&self.entry.waiting).is_empty() {
+                return;
+            }
+            match self.entry.try_lock_view() {
+                Some(view) => self.view = Some(view),
+                None => return,
+            }
+        }
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.coverage
+            .entry_dropped(self.bucket, self.coverage.now());
+    }
+}
+
+impl Entry {
+    pub fn new(thread_id: &str, coverage: &Coverage) -> Self {
+        let bucket = coverage::bucket(thread_id);
+        let view = ThreadView::new();
+        Self {
+            thread_id: thread_id.into(),
+            bucket,
+            floor: coverage.entry_created(bucket, coverage.now()),
+            coverage: coverage.clone(),
+            view_bytes: AtomicUsize::new(view.bytes()),
+            view: Mutex::new(view),
+            waiting: Mutex::new(Vec::new()),
+            rendered_bytes: AtomicUsize::new(0),
+            charged: AtomicUsize::new(0),
+            rendering: Mutex::new(Rendering::default()),
+            store: StoreSide::new(),
+            too_large: AtomicBool::new(false),
+            skipped_markers_warned: AtomicBool::new(false),
+        }
+    }
+
+    /// Bytes held: the view and its last rendered answer (as of their last change).
+    pub fn held_bytes(&self) -> usize {
+        self.view_bytes.load(Ordering::Relaxed) + self.rendered_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Locks the view, waiting for another holder, and applies the live events that waited beside it.
+    pub fn lock_view<'a>(&'a self, metrics: &'a Metrics) -> ViewGuard<'a> {
+        ViewGuard::new(self, metrics, lock(&self.view))
+    }
+
+    /// The view if no one holds it (a poisoned lock is taken over, as [`lock`] does).
+    fn try_lock_view(&self) -> Option<MutexGuard<'_, ThreadView>> {
+        match self.view.try_lock() {
+            Ok(view) => Some(view),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Applies a live event if the view is free; otherwise leaves it waiting for the view's holder, which applies
+    /// it (and counts it) before letting go. Returns what the insert did and whether it made a display of a
+    /// complete view uncovered (a fill is due), or `None` if the event waits.
+    pub fn apply_live(&self, event: ViewEvent, metrics: &Metrics) -> Option<(Inserted, bool)> {
+        let Some(view) = self.try_lock_view() else {
+            lock(&self.waiting).push(event);
+            // The holder may have checked the waiting events just before this push and be letting go now: take
+            // the view if it is free, so the event does not wait for the next holder.
+            if let Some(view) = self.try_lock_view() {
+                drop(ViewGuard::new(self, metrics, view));
+            }
+            return None;
+        };
+        let mut guard = ViewGuard::new(self, metrics, view);
+        let inserted = guard.insert(event);
+        Some((inserted, guard.take_fill_due()))
+    }
+
+    /// Renders the view (held by the caller) for `primary`, reusing the last rendering while the view has not
+    /// changed, and records the rendering's bytes.
+    pub fn render(
+        &self,
+        view: &mut ThreadView,
+        primary: Option<&Identity>,
+        source: Source,
+        metrics: &Metrics,
+    ) -> Answer {
+        let mut rendering = lock(&self.rendering);
+        let answer = rendering.render(&self.thread_id, view, primary, source, metrics);
+        self.rendered_bytes
+            .store(rendering.bytes(), Ordering::Relaxed);
+        answer
+    }
+
+    /// Forgets the last rendering (its memory is freed now, whoever still holds the entry).
+    pub fn forget_rendering(&self) {
+        lock(&self.rendering).forget();
+        self.rendered_bytes.store(0, Ordering::Relaxed);
+    }
+
+    /// The weight to charge now: the bytes held plus a quarter of headroom, so that a growing view is re-weighed
+    /// only every so often.
+    pub fn charge(&self) -> u32 {
+        let bytes = self.held_bytes();
+        let charge = bytes + bytes / 4 + 512;
+        self.charged.store(charge, Ordering::Relaxed);
+        u32::try_from(charge).unwrap_or(u32::MAX)
+    }
+
+    pub fn outgrew_charge(&self) -> bool {
+        self.held_bytes() > self.charged.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::decode::{Decoded, decode_payload};
+    use crate::subject::DeliveryKey;
+
+    fn chunk(event_id: &str, created_at: i64) -> ViewEvent {
+        let key = DeliveryKey::parse_subject(&format!(
+            "agent.A.a.t.d.r.display_event.ChunkEvent.{event_id}"
+        ))
+        .unwrap();
+        let payload = format!(
+            r#"{{"_parent_event_names": ["ChunkEvent"], "created_at": {created_at}, "content": "c"}}"#
+        );
+        match decode_payload(key, payload.as_bytes()).unwrap() {
+            Decoded::Event(event) => event,
+            Decoded::Irrelevant => unreachable!(),
+        }
+    }
+
+    /// Events the holders counted as relevant.
+    fn relevant(metrics: &Metrics) -> f64 {
+        let sample = "history_view_events_total{outcome=\"relevant\"} ";
+        metrics
+            .render()
+            .lines()
+            .find_map(|line| line.strip_prefix(sample)?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    #[test]
+    fn a_live_event_waits_beside_a_locked_view_and_its_holder_applies_it_in_order() {
+        let metrics = Metrics::new();
+        let entry = Entry::new("t", &Coverage::new(Duration::ZERO));
+        // Weighed as the view it holds from the start (a lower first charge lets more entries in than they weigh).
+        assert_eq!(entry.held_bytes(), ThreadView::new().bytes());
+        let held = entry.lock_view(&metrics);
+        // The live path does not wait for the holder.
+        assert!(entry.apply_live(chunk("a", 2), &metrics).is_none());
+        assert!(entry.apply_live(chunk("a", 1), &metrics).is_none());
+        assert!(entry.apply_live(chunk("b", 3), &metrics).is_none());
+        assert_eq!(held.len(), 0);
+        drop(held);
+        // Applied as the holder let go, in arrival order (the first delivery of `a` wins), and counted.
+        assert!(lock(&entry.waiting).is_empty());
+        let view = entry.lock_view(&metrics);
+        assert_eq!(view.len(), 2);
+        assert_eq!(relevant(&metrics), 2.0);
+        assert_eq!(entry.view_bytes.load(Ordering::Relaxed), view.bytes());
+        drop(view);
+        assert_eq!(
+            entry.apply_live(chunk("c", 4), &metrics).map(|(i, _)| i),
+            Some(Inserted::Added)
+        );
+    }
+
+    #[test]
+    fn an_event_pushed_while_the_holder_lets_go_is_not_left_behind() {
+        // Many rounds of a holder letting go while another thread pushes: every event ends up in the view.
+        let metrics = Metrics::new();
+        let entry = Arc::new(Entry::new("t", &Coverage::new(Duration::ZERO)));
+        let rounds = 2_000;
+        let mut applied_live = 0u32;
+        std::thread::scope(|scope| {
+            let reader = Arc::clone(&entry);
+            let metrics_reader = metrics.clone();
+            scope.spawn(move || {
+                for _ in 0..rounds {
+                    let view = reader.lock_view(&metrics_reader);
+                    std::hint::black_box(view.len());
+                }
+            });
+            for i in 0..rounds {
+                if entry
+                    .apply_live(chunk(&format!("e{i}"), i), &metrics)
+                    .is_some()
+                {
+                    applied_live += 1;
+                }
+            }
+        });
+        assert!(lock(&entry.waiting).is_empty());
+        assert_eq!(entry.lock_view(&metrics).len(), rounds as usize);
+        // Each event counted once: by the live path, or by the holder that applied it.
+        assert_eq!(relevant(&metrics) + f64::from(applied_live), rounds as f64);
+    }
+}

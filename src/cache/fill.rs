@@ -1,0 +1,159 @@
+//! Fills: the stored events of displays a live marker made visible in a complete view, read off the read path in
+//! batches, so the view is served from memory again without a hydration ([design 2](../../docs/design.md#2)).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::entry::Entry;
+use super::work::{Outcome, Ticket};
+use super::{LimitPath, ViewCache};
+use crate::decode::ViewEvent;
+use crate::metrics::FillOutcome;
+use crate::store::{Bounds, StoreReads};
+use crate::view::ViewState;
+
+/// Most views one fill query serves.
+const FILL_BATCH: usize = 64;
+
+/// A view waiting for a fill, with its entry's store job: readers of the entry wait for the fill.
+pub struct FillRequest {
+    entry: Arc<Entry>,
+    ticket: Ticket,
+}
+
+impl<S: StoreReads> ViewCache<S> {
+    /// Asks for a fill of the displays a live marker made visible in a complete view: queued now if the entry's
+    /// store side is idle, otherwise after the job in flight ([`super::work`]). A read that comes next waits for
+    /// the fill (and answers from memory once it is done) instead of hydrating.
+    pub(super) fn schedule_fill(&self, entry: &Arc<Entry>) {
+        if let Some(ticket) = entry.store.want_fill() {
+            self.queue_fill(Arc::clone(entry), ticket);
+        }
+    }
+
+    pub(super) fn queue_fill(&self, entry: Arc<Entry>, ticket: Ticket) {
+        if self.fills.try_send(FillRequest { entry, ticket }).is_err() {
+            // The queue is full (or the service is stopping): no fill; the ticket is dropped with the request. The
+            // view stays partial (a display is left uncovered), so the next read hydrates.
+            self.metrics.fill(FillOutcome::Error);
+        }
+    }
+
+    /// Runs the queued fills until the service stops: every request queued while a fill query is in flight goes
+    /// into the next one, so many threads' turns share one store query.
+    pub(super) async fn run_fills(self, mut requests: mpsc::Receiver<FillRequest>) {
+        loop {
+            let first = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return,
+                request = requests.recv() => match request {
+                    Some(request) => request,
+                    None => return,
+                },
+            };
+            let mut batch = vec![first];
+            while batch.len() < FILL_BATCH {
+                match requests.try_recv() {
+                    Ok(request) => batch.push(request),
+                    Err(_) => break,
+                }
+            }
+            self.fill(batch).await;
+        }
+    }
+
+    /// Reads the stored events of the uncovered displays of a batch of views in one query and merges them. A view
+    /// stays complete if it was complete when the fill started and no gap or removal happened since: then its
+    /// hydration read started at least the persister-lag bound after its coverage start, so every event of these
+    /// displays published before that start is in the store now, and every later one was applied live ([design
+    /// 2.1]). A failed fill leaves the views partial, so their next reads hydrate, and fails the readers that waited
+    /// for it.
+    ///
+    /// [design 2.1]: ../../docs/design.md#2.1
+    async fn fill(&self, batch: Vec<FillRequest>) {
+        let mut work: Vec<(FillRequest, Vec<Box<str>>)> = Vec::with_capacity(batch.len());
+        let mut threads = HashSet::new();
+        for request in batch {
+            let entry = &request.entry;
+            // From here on a new uncovered display needs a fill of its own.
+            request.ticket.fill_reading();
+            let epoch = self.coverage.epoch(entry.bucket);
+            let displays = {
+                let view = entry.lock_view(&self.metrics);
+                view.needs_fill(epoch).then(|| view.uncovered_displays())
+            };
+            // Two entries of one thread (one of them on its way out) cannot share a query's rows: the second
+            // waits for its next read's hydration.
+            match displays {
+                Some(displays) if threads.insert(entry.thread_id.clone()) => {
+                    work.push((request, displays));
+                }
+                _ => self.finish_fill(request, Outcome::LookAgain),
+            }
+        }
+        if work.is_empty() {
+            return;
+        }
+        let wanted: Vec<(&str, &[Box<str>])> = work
+            .iter()
+            .map(|(request, displays)| (&*request.entry.thread_id, displays.as_slice()))
+            .collect();
+        let bounds = Bounds {
+            deadline: Instant::now() + self.settings.store_timeout,
+            budget: self.settings.max_thread_bytes.saturating_mul(wanted.len()),
+        };
+        let events = match self.store.fill_events(&wanted, bounds).await {
+            Ok(events) => events,
+            Err(error) => {
+                tracing::warn!(views = work.len(), %error, "filling newly visible displays failed; their next reads hydrate");
+                for (request, _) in work {
+                    if request.entry.lock_view(&self.metrics).downgrade() {
+                        self.metrics.views_downgraded(1);
+                    }
+                    self.metrics.fill(FillOutcome::Error);
+                    // Readers that waited for the fill fail with it rather than queue another store timeout.
+                    self.finish_fill(request, Outcome::Failed);
+                }
+                return;
+            }
+        };
+        let index: HashMap<&str, usize> = wanted
+            .iter()
+            .enumerate()
+            .map(|(i, (thread, _))| (*thread, i))
+            .collect();
+        let mut per_view: Vec<Vec<ViewEvent>> = work.iter().map(|_| Vec::new()).collect();
+        for event in events {
+            if let Some(&i) = index.get(event.key.thread_id())
+                && wanted[i].1.iter().any(|d| **d == *event.key.display_id())
+            {
+                per_view[i].push(event);
+            }
+        }
+        for ((request, displays), events) in work.into_iter().zip(per_view) {
+            let entry = &request.entry;
+            entry.lock_view(&self.metrics).fill(&displays, events);
+            if !self.leave_if_too_large(entry, LimitPath::Live).await {
+                let outcome = match self.state(entry) {
+                    ViewState::Complete => FillOutcome::Complete,
+                    ViewState::Partial => FillOutcome::Partial,
+                };
+                self.metrics.fill(outcome);
+                self.reweigh(entry).await;
+            }
+            self.finish_fill(request, Outcome::LookAgain);
+        }
+    }
+
+    /// Ends a fill's store job; a fill wanted meanwhile (a display uncovered after this one read its displays) is
+    /// queued next.
+    fn finish_fill(&self, request: FillRequest, outcome: Outcome) {
+        let FillRequest { entry, ticket } = request;
+        if let Some(next) = ticket.finish(outcome) {
+            self.queue_fill(entry, next);
+        }
+    }
+}

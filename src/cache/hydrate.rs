@@ -1,0 +1,222 @@
+//! Hydrations: a thread's two-stage store read merged with the live events its view holds, completed only by the
+//! persister-lag rule ([design 2.1](../../docs/design.md#2.1)); and the one background re-read of a view that
+//! rule held partial.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::time::Instant;
+
+use super::entry::Entry;
+use super::work::{Begin, Outcome, Ticket};
+use super::{LimitPath, ReadError, ViewCache};
+use crate::coverage::{Stamp, Verdict};
+use crate::decode::ViewEvent;
+use crate::metrics::RereadResult;
+use crate::store::{Bounds, Hydration, StoreError, StoreReads, VisibleDisplays};
+use crate::view::{ThreadView, ViewState, display_bytes};
+
+impl<S: StoreReads> ViewCache<S> {
+    /// Runs the hydration `ticket` allows and hands its outcome to the readers that waited for it; a fill wanted
+    /// meanwhile is queued after it.
+    ///
+    /// # Errors
+    /// [`ReadError`] when no slot freed in time, the store failed, or the thread is too large; the view stays
+    /// partial.
+    pub(super) async fn hydrate(
+        &self,
+        entry: &Arc<Entry>,
+        hydration: Hydration,
+        ticket: Ticket,
+    ) -> Result<(), ReadError> {
+        let result = self.read_and_merge(entry, hydration).await;
+        let outcome = match result {
+            Ok(()) => Outcome::Hydrated,
+            Err(_) => Outcome::Failed,
+        };
+        if let Some(fill) = ticket.finish(outcome) {
+            self.queue_fill(Arc::clone(entry), fill);
+        }
+        result
+    }
+
+    /// Reads the thread from the store and merges the live events held; marks the view complete when the coverage
+    /// verdict allows it, or schedules a re-read for when it will.
+    async fn read_and_merge(
+        &self,
+        entry: &Arc<Entry>,
+        hydration: Hydration,
+    ) -> Result<(), ReadError> {
+        let deadline = Instant::now() + self.settings.store_timeout;
+        // Waiting for a slot counts against the read's store timeout.
+        let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
+        else {
+            self.metrics.hydration_slot_timeout();
+            return Err(ReadError::Busy);
+        };
+        let start = self.coverage.read_start_now(entry.bucket, entry.floor);
+        let (visible, events) = match self
+            .read_thread(&entry.thread_id, hydration, deadline)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(error) => {
+                if let StoreError::TooLarge { .. } = error {
+                    self.leave_too_large(entry, LimitPath::Read).await;
+                }
+                self.metrics.hydration(false);
+                return Err(error.into());
+            }
+        };
+        if visible.skipped_markers > 0 {
+            self.metrics.markers_skipped(visible.skipped_markers);
+            if !entry.skipped_markers_warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    thread_id = &*entry.thread_id,
+                    skipped = visible.skipped_markers,
+                    "Skipping visibility markers whose display_id is not a string"
+                );
+            }
+        }
+        let verdict = self.coverage.verdict(&start);
+        let (deferred, fill) = {
+            let mut view = entry.lock_view(&self.metrics);
+            let live = std::mem::take(&mut *view);
+            *view = ThreadView::hydrated(events, visible.displays, live);
+            match verdict {
+                Verdict::Complete(epoch) => {
+                    view.mark_complete(epoch);
+                    // A live marker on a display the store did not return yet (not persisted when stage 1 ran):
+                    // fill it, off the read path.
+                    (None, view.needs_fill(epoch))
+                }
+                // Partial only because the bound has not passed: read again once it has.
+                Verdict::Deferred(until) => (Some(until), false),
+                Verdict::Uncovered => (None, false),
+            }
+        };
+        // The stored events fit, but with the live ones held the view may not.
+        if self.leave_if_too_large(entry, LimitPath::Read).await {
+            return Err(self.too_large());
+        }
+        self.metrics.hydration(true);
+        if let Some(until) = deferred {
+            self.schedule_reread(entry, until);
+        }
+        if fill {
+            // The hydration is still this entry's store job: the fill follows it.
+            self.schedule_fill(entry);
+        }
+        Ok(())
+    }
+
+    /// The two-stage query of `thread_id` ([contract 4](../../docs/contract.md#4)) within `deadline` and
+    /// `HISTORY_VIEW_MAX_THREAD_BYTES` (the displays count against it as the view holds them).
+    ///
+    /// # Errors
+    /// [`StoreError`] from either stage; `TooLarge` naming the per-thread limit.
+    async fn read_thread(
+        &self,
+        thread_id: &str,
+        hydration: Hydration,
+        deadline: Instant,
+    ) -> Result<(VisibleDisplays, Vec<ViewEvent>), StoreError> {
+        let limit = self.settings.max_thread_bytes;
+        let bounds = Bounds {
+            deadline,
+            budget: limit,
+        };
+        let visible = self
+            .store
+            .visible_displays(thread_id, hydration, bounds)
+            .await
+            .map_err(|error| self.limit_met(error, thread_id))?;
+        if visible.displays.is_empty() {
+            // Fail closed: legacy threads without markers reconstruct as empty history ([contract
+            // 4](../../docs/contract.md#4)). Any client can ask for a thread that does not exist, so the warning is
+            // rate-limited.
+            if self.no_marker_warnings.allow() {
+                tracing::warn!(
+                    thread_id,
+                    "No client-visible display marker found for thread history"
+                );
+            }
+            return Ok((visible, Vec::new()));
+        }
+        let displays: usize = visible.displays.iter().map(|d| display_bytes(d)).sum();
+        let bounds = Bounds {
+            deadline,
+            budget: limit.saturating_sub(displays),
+        };
+        let events = self
+            .store
+            .display_events(thread_id, &visible.displays, hydration, bounds)
+            .await
+            .map_err(|error| self.limit_met(error, thread_id))?;
+        Ok((visible, events))
+    }
+
+    /// A store read stopped by its budget is a read past the per-thread limit: warned about (rate-limited, metadata
+    /// only) and named by the limit; other errors pass through.
+    fn limit_met(&self, error: StoreError, thread_id: &str) -> StoreError {
+        let StoreError::TooLarge { .. } = error else {
+            return error;
+        };
+        let limit = self.settings.max_thread_bytes;
+        if self.too_large_warnings.allow() {
+            tracing::warn!(
+                thread_id,
+                limit_bytes = limit,
+                "A thread's stored events exceed HISTORY_VIEW_MAX_THREAD_BYTES; its reads answer 507"
+            );
+        }
+        StoreError::TooLarge { limit }
+    }
+
+    /// Re-reads `entry` from the store at `until` in the background (one scheduled per entry at a time), so a view
+    /// held partial by the persister-lag bound becomes complete without a reader waiting for the store.
+    fn schedule_reread(&self, entry: &Arc<Entry>, until: Stamp) {
+        if !entry.store.schedule_reread() {
+            return;
+        }
+        let views = self.clone();
+        let entry = Arc::clone(entry);
+        let at = self.coverage.instant(until);
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                () = views.stop.cancelled() => return,
+                () = tokio::time::sleep_until(at) => {}
+            }
+            entry.store.reread_due();
+            views.reread(&entry).await;
+        });
+    }
+
+    /// The background re-read: unless the view is complete by now, hydrates it (after the store job in flight, if
+    /// any: a reader's hydration may complete it first).
+    async fn reread(&self, entry: &Arc<Entry>) {
+        loop {
+            if self.state(entry) == ViewState::Complete {
+                return;
+            }
+            match entry.store.begin_hydration() {
+                Begin::Run(ticket) => {
+                    let result = match self.hydrate(entry, Hydration::Reread, ticket).await {
+                        Err(_) => RereadResult::Error,
+                        Ok(()) => match self.state(entry) {
+                            ViewState::Complete => RereadResult::Complete,
+                            ViewState::Partial => RereadResult::Partial,
+                        },
+                    };
+                    self.metrics.reread(result);
+                    self.reweigh(entry).await;
+                    return;
+                }
+                Begin::Wait(waiter) => {
+                    waiter.outcome().await;
+                }
+            }
+        }
+    }
+}
