@@ -12,12 +12,16 @@ use clap::{CommandFactory, Parser};
 
 use crate::cache::CacheSettings;
 use crate::http::ConnectionLimits;
-pub use crate::setting::{LogFormat, Secret};
+use crate::jetstream::JetStreamSettings;
+pub use crate::setting::{LogFormat, Secret, Source};
 use crate::store::{IndexHints, StoreSettings};
 
 pub const DEFAULT_SUBJECT: &str = "agent.*.*.*.*.*.display_event.*.*";
 pub const DEFAULT_INDEX_HINT: &str = "thread_id_1_event_type_1_event_parents_1";
 pub const DEFAULT_FILL_INDEX_HINT: &str = "display_id_1";
+/// Added to the persister-lag bound for the default JetStream replay window: the replay must reach back at least the
+/// bound (plus the clock-skew margin) for a restarted worker's first reads to complete views.
+pub const DEFAULT_REPLAY_MARGIN: Duration = Duration::from_secs(3);
 /// 256 MiB: enough for tens of thousands of active threads; beyond it the least useful views are evicted (and
 /// hydrated again on their next read).
 pub const DEFAULT_CACHE_MAX_BYTES: u64 = 256 * 1024 * 1024;
@@ -31,6 +35,22 @@ pub struct Config {
     /// NATS server URL; may hold credentials, which are never printed.
     #[arg(long, env = "HISTORY_VIEW_NATS_URL", default_value = "nats://127.0.0.1:4222", hide_env_values = true, value_parser = secret)]
     pub nats_url: Secret,
+
+    /// Where live events come from: core subscribes to the subject below on Core NATS (nothing new to run; a
+    /// disconnect or a restart of NATS empties what is served from memory); jetstream consumes aihub's class streams,
+    /// resumed by sequence, so a reconnect keeps the views (needs JetStream and read access to those streams).
+    #[arg(long, env = "HISTORY_VIEW_SOURCE", default_value = "core", value_enum)]
+    pub source: Source,
+
+    /// The JetStream source's class streams, by name; * matches any run of characters. Streams are looked for again
+    /// every second, so a new agent class is picked up.
+    #[arg(long, env = "HISTORY_VIEW_JETSTREAM_STREAMS", default_value = "agent_*_stream", value_parser = parse_stream_pattern)]
+    pub jetstream_streams: String,
+
+    /// Seconds of the class streams the JetStream source replays at start; by default the persister-lag bound plus
+    /// 3 s, the least that lets a restarted worker serve from memory as soon as it has caught up. 0: no replay.
+    #[arg(long = "jetstream-replay-secs", env = "HISTORY_VIEW_JETSTREAM_REPLAY_SECS", value_parser = parse_secs_or_zero)]
+    pub jetstream_replay: Option<Duration>,
 
     /// Subject to subscribe to for display events.
     #[arg(long, env = "HISTORY_VIEW_SUBJECT", default_value = DEFAULT_SUBJECT, value_parser = parse_subject)]
@@ -213,6 +233,17 @@ impl Config {
         }
     }
 
+    /// What the JetStream source needs.
+    pub fn jetstream_settings(&self) -> JetStreamSettings {
+        JetStreamSettings {
+            streams: self.jetstream_streams.clone(),
+            replay: self
+                .jetstream_replay
+                .unwrap_or(self.persist_lag + DEFAULT_REPLAY_MARGIN),
+            subject: self.subject.clone(),
+        }
+    }
+
     /// What the view cache needs.
     pub fn cache_settings(&self) -> CacheSettings {
         CacheSettings {
@@ -290,6 +321,18 @@ fn check_mongodb_uri(uri: &Secret) -> Result<(), String> {
     }
 }
 
+/// A stream name pattern: NATS stream name characters and `*`.
+fn parse_stream_pattern(value: &str) -> Result<String, String> {
+    if value.is_empty()
+        || value.contains(['.', '>', ' ', '/', '\\', '\0'])
+        || value.chars().any(char::is_control)
+    {
+        Err("must be a stream name, with * for any run of characters (no . > space / \\)".into())
+    } else {
+        Ok(value.to_owned())
+    }
+}
+
 fn parse_name(value: &str) -> Result<String, String> {
     if value.is_empty() || value.contains(['/', '\\', '.', ' ', '"', '$', '\0']) {
         Err("must be a non-empty name without / \\ . space \" $".into())
@@ -354,6 +397,15 @@ fn parse_secs(value: &str) -> Result<Duration, String> {
 
 fn parse_millis(value: &str) -> Result<Duration, String> {
     parse_positive(value).map(Duration::from_millis)
+}
+
+/// Seconds, 0 included; at most a day.
+fn parse_secs_or_zero(value: &str) -> Result<Duration, String> {
+    match value.trim().parse::<u64>() {
+        Ok(n) if n <= 86_400 => Ok(Duration::from_secs(n)),
+        Ok(_) => Err("must be at most 86400 (a day)".into()),
+        Err(e) => Err(format!("must be a whole number: {e}")),
+    }
 }
 
 /// Milliseconds, 0 included; at most a day (a larger bound is a typo, not a setting).
@@ -524,6 +576,12 @@ mod tests {
     fn setting_names_are_pinned() {
         let pinned = [
             ("nats-url", "HISTORY_VIEW_NATS_URL"),
+            ("source", "HISTORY_VIEW_SOURCE"),
+            ("jetstream-streams", "HISTORY_VIEW_JETSTREAM_STREAMS"),
+            (
+                "jetstream-replay-secs",
+                "HISTORY_VIEW_JETSTREAM_REPLAY_SECS",
+            ),
             ("subject", "HISTORY_VIEW_SUBJECT"),
             (
                 "nats-subscription-capacity",

@@ -19,6 +19,7 @@ use crate::coverage::Coverage;
 use crate::decode::{Decoded, decode_payload};
 use crate::metrics::{EventOutcome, Metrics};
 use crate::readiness::Readiness;
+use crate::setting::Source;
 use crate::subject::DeliveryKey;
 use crate::telemetry::RateLimit;
 use crate::view::Inserted;
@@ -154,17 +155,22 @@ impl Ingest {
     /// on `probe`'s own subject comes back only after the server has processed everything sent before it, the
     /// re-sent subscription included (a `Connected` event comes before the subscription is re-sent). Gaps are
     /// recorded earlier, in the connection callback ([`on_connection_event`]).
+    ///
+    /// Without a probe (the JetStream source, which starts coverage itself), it only logs, counts and keeps state.
     pub async fn watch_connection(
         self,
         client: async_nats::Client,
-        probe: ProbeSubscription,
+        probe: Option<ProbeSubscription>,
         mut events: mpsc::Receiver<Event>,
         stop: CancellationToken,
     ) {
-        let ProbeSubscription {
-            subject: probe_subject,
-            subscriber: mut probe,
-        } = probe;
+        let (probe_subject, mut probe) = match probe {
+            Some(ProbeSubscription {
+                subject,
+                subscriber,
+            }) => (subject, Some(subscriber)),
+            None => (String::new(), None),
+        };
         let mut outstanding: Option<SentProbe> = None;
         let mut sequence = 0u64;
         let mut skipped = 0u64;
@@ -178,7 +184,7 @@ impl Ingest {
                     Some(event) => self.connection_event(&event),
                     None => return,
                 },
-                message = probe.next() => {
+                message = next_probe(&mut probe) => {
                     let Some(message) = message else {
                         tracing::error!("the subscription confirmation probe ended");
                         return;
@@ -195,7 +201,8 @@ impl Ingest {
                 }
                 _ = tick.tick() => {
                     skipped = self.count_skipped(&client, skipped);
-                    !self.coverage.is_live()
+                    probe.is_some()
+                        && !self.coverage.is_live()
                         && client.connection_state() == async_nats::connection::State::Connected
                         && outstanding.is_none_or(|sent| sent.at.elapsed() >= PROBE_TIMEOUT)
                 }
@@ -261,8 +268,16 @@ impl Ingest {
             Event::Draining => "draining",
         };
         self.metrics.nats_connection_event(label);
-        tracing::info!(event = %event, views_downgraded = is_gap(event), "NATS connection event");
+        tracing::info!(event = %event, possible_loss = is_gap(event), "NATS connection event");
         matches!(event, Event::Connected)
+    }
+}
+
+/// The next probe answer; never, without a probe subscription.
+async fn next_probe(probe: &mut Option<Subscriber>) -> Option<Message> {
+    match probe {
+        Some(subscriber) => subscriber.next().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -309,20 +324,34 @@ fn is_gap(event: &Event) -> bool {
     }
 }
 
-/// The connection callback's work ([`async_nats::ConnectOptions::event_callback`]): records a gap at once (before
-/// any queue, so a complete view is not served after it), then hands the event to the watcher. An event the
-/// watcher's queue has no room for is itself a gap: it might have been one.
-pub fn on_connection_event(coverage: &Coverage, watcher: &mpsc::Sender<Event>, event: Event) {
+/// The connection callback's work ([`async_nats::ConnectOptions::event_callback`]): records a possible loss at once
+/// (before any queue, so a complete view is not served after it), then hands the event to the watcher. An event the
+/// watcher's queue has no room for is itself a possible loss: it might have been one.
+///
+/// On Core NATS a possible loss is a gap (a disconnect also uncovers until the next confirmation). On JetStream it is
+/// not: every consumer resumes from the last message it applied, its resume decides whether it was a gap, and until
+/// it has caught up complete views are not served from memory ([`crate::coverage::CatchUp`]).
+pub fn on_connection_event(
+    coverage: &Coverage,
+    source: Source,
+    watcher: &mpsc::Sender<Event>,
+    event: Event,
+) {
     let now = coverage.now();
+    let lost = |disconnected: bool| match source {
+        Source::Core if disconnected => coverage.disconnected(now),
+        Source::Core => coverage.gap(now),
+        Source::JetStream => coverage.catch_up().connection_lost(),
+    };
     match event {
-        Event::Disconnected | Event::Closed => coverage.disconnected(now),
-        ref other if is_gap(other) => coverage.gap(now),
+        Event::Disconnected | Event::Closed => lost(true),
+        ref other if is_gap(other) => lost(false),
         _ => {}
     }
     match watcher.try_send(event) {
         // Closed: the service is stopping.
         Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-        Err(mpsc::error::TrySendError::Full(_)) => coverage.gap(now),
+        Err(mpsc::error::TrySendError::Full(_)) => lost(false),
     }
 }
 

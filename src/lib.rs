@@ -12,6 +12,7 @@
 //! - [`view`]: a thread's events, deduplicated and in projection order; `Complete` or `Partial`.
 //! - [`project`]: the pure projector: events and the read's primary identity become the history and warnings.
 //! - [`ingest`]: the NATS loop (subject → decode → view) and the connection watcher (gaps → downgrades).
+//! - [`jetstream`]: the JetStream source: aihub's class streams, each consumed by a loop that resumes by sequence.
 //! - [`store`]: the MongoDB queries (the two stages and a fill) behind `StoreReads`, decoded by the same decoder.
 //! - [`cache`]: the moka cache of views; reads answer from complete views or hydrate from the store (one explicit
 //!   state per entry for what its store side is doing).
@@ -25,6 +26,7 @@ pub mod coverage;
 pub mod decode;
 pub mod http;
 pub mod ingest;
+pub mod jetstream;
 pub mod metrics;
 pub mod project;
 pub mod readiness;

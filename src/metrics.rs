@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// What became of one message received from NATS.
@@ -108,6 +108,24 @@ impl RereadResult {
     }
 }
 
+/// What a JetStream consumer's resume found ([design 2.1](../docs/design.md#2.1)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeOutcome {
+    /// The stream kept its identity and the messages after the last one applied: not a gap.
+    Continued,
+    /// The stream was recreated, lost messages not read yet, changed its leader, was deleted, or is new: a gap.
+    Gap,
+}
+
+impl ResumeOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            ResumeOutcome::Continued => "continued",
+            ResumeOutcome::Gap => "gap",
+        }
+    }
+}
+
 /// Handles to every metric; cloning is cheap (one `Arc`).
 #[derive(Clone)]
 pub struct Metrics {
@@ -143,6 +161,9 @@ struct Inner {
     rereads: IntCounterVec,
     persister_lag_seconds: prometheus::Histogram,
     persister_lag_exceeded: IntCounter,
+    jetstream_last_sequence: IntGaugeVec,
+    jetstream_pending: IntGaugeVec,
+    jetstream_resumes: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -343,6 +364,33 @@ impl Metrics {
                     "Rows read from the store that were persisted later than HISTORY_VIEW_PERSIST_LAG_MS after created_at",
                 ),
             ),
+            jetstream_last_sequence: register(&registry, &mut described,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "history_view_jetstream_last_sequence",
+                        "JetStream source: the stream sequence of the last message applied, by class stream",
+                    ),
+                    &["stream"],
+                )
+                .expect("valid metric"),
+            ),
+            jetstream_pending: register(&registry, &mut described,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "history_view_jetstream_pending",
+                        "JetStream source: messages the consumer has not delivered yet, by class stream",
+                    ),
+                    &["stream"],
+                )
+                .expect("valid metric"),
+            ),
+            jetstream_resumes: register(&registry, &mut described,
+                counter_vec(
+                    "history_view_jetstream_resumes_total",
+                    "JetStream source: consumer resumes and new or deleted streams, by outcome (continued, gap)",
+                    &["outcome"],
+                ),
+            ),
             registry,
             described,
         };
@@ -460,6 +508,27 @@ impl Metrics {
             .with_label_values(&[result.label()])
             .inc();
     }
+    pub fn jetstream_resume(&self, outcome: ResumeOutcome) {
+        self.inner
+            .jetstream_resumes
+            .with_label_values(&[outcome.label()])
+            .inc();
+    }
+    /// A message of `stream` applied: its stream sequence and what the consumer still has to deliver.
+    pub fn jetstream_applied(&self, stream: &str, sequence: u64, pending: u64) {
+        let gauge = |vec: &IntGaugeVec, value: u64| {
+            vec.with_label_values(&[stream])
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        };
+        gauge(&self.inner.jetstream_last_sequence, sequence);
+        gauge(&self.inner.jetstream_pending, pending);
+    }
+    pub fn jetstream_pending(&self, stream: &str, pending: u64) {
+        self.inner
+            .jetstream_pending
+            .with_label_values(&[stream])
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+    }
     /// Records one stored row's persister lag; returns whether it exceeds `bound` (the caller warns).
     pub fn persister_lag(&self, lag: Duration, bound: Duration) -> bool {
         self.inner.persister_lag_seconds.observe(lag.as_secs_f64());
@@ -513,7 +582,7 @@ mod tests {
     /// Dashboards and alerts name these metrics and labels: a rename here is a breaking change for operators.
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 24] = [
+        let pinned: [(&str, &[&str]); 27] = [
             ("history_view_events_total", &["outcome"]),
             ("history_view_cache_hits_total", &[]),
             ("history_view_cache_misses_total", &[]),
@@ -538,6 +607,9 @@ mod tests {
             ("history_view_background_rereads_total", &["result"]),
             ("history_view_persister_lag_seconds", &[]),
             ("history_view_persister_lag_exceeded_total", &[]),
+            ("history_view_jetstream_last_sequence", &["stream"]),
+            ("history_view_jetstream_pending", &["stream"]),
+            ("history_view_jetstream_resumes_total", &["outcome"]),
         ];
         let metrics = Metrics::new();
         let described: Vec<(&str, Vec<&str>)> = metrics

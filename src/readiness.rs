@@ -93,6 +93,11 @@ impl Readiness {
                 ok: false,
                 detail: "subscription not yet confirmed by a round trip to NATS",
             }
+        } else if !self.inner.coverage.catch_up().is_caught_up() {
+            Check {
+                ok: false,
+                detail: "JetStream consumers are catching up with their streams",
+            }
         } else {
             Check {
                 ok: true,

@@ -1,5 +1,5 @@
-//! Value types of settings that [`crate::config`] parses and the components that use them share: a [`Secret`] and
-//! the [`LogFormat`]. A leaf: it depends on nothing in the crate, so no component imports `config`.
+//! Value types of settings that [`crate::config`] parses and the components that use them share: a [`Secret`], the
+//! [`LogFormat`] and the live [`Source`]. A leaf: it depends on nothing in the crate, so no component imports `config`.
 
 use std::fmt;
 
@@ -9,6 +9,16 @@ pub enum LogFormat {
     Json,
     Text,
     Auto,
+}
+
+/// Where live events come from (`HISTORY_VIEW_SOURCE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    /// A Core NATS subscription: nothing new to run; every disconnect is a gap.
+    Core,
+    /// aihub's JetStream class streams, resumed by sequence ([`crate::jetstream`]).
+    #[value(name = "jetstream")]
+    JetStream,
 }
 
 /// A setting that must not appear in logs or `Debug` output (the Mongo URI, the API token, the NATS URL).

@@ -12,10 +12,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cache::ViewCache;
-use crate::config::Config;
+use crate::config::{Config, Source};
 use crate::coverage::Coverage;
 use crate::http::{AppState, TokenDigest, accept_loop, reserve_router, router};
 use crate::ingest::{self, Ingest, ProbeSubscription};
+use crate::jetstream::JetStreamSource;
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
 use crate::store::Store;
@@ -30,8 +31,8 @@ pub struct Application {
     state: AppState,
     store: Store,
     nats: async_nats::Client,
-    subscriber: async_nats::Subscriber,
-    probe: ProbeSubscription,
+    /// Core NATS: the subscription and its confirmation probe; `None` with the JetStream source.
+    core: Option<(async_nats::Subscriber, ProbeSubscription)>,
     connection_events: mpsc::Receiver<async_nats::Event>,
     coverage: Coverage,
 }
@@ -74,6 +75,7 @@ impl Application {
 
         let (events_tx, connection_events) = ingest::connection_events();
         let callback_coverage = coverage.clone();
+        let source = config.source;
         let nats = async_nats::ConnectOptions::new()
             .name("chat-history-view")
             .retry_on_initial_connect()
@@ -81,7 +83,7 @@ impl Application {
             // The default (60 s) left a frozen server or a half-open link unnoticed for about three minutes.
             .ping_interval(config.nats_ping_interval)
             .event_callback(move |event| {
-                ingest::on_connection_event(&callback_coverage, &events_tx, event);
+                ingest::on_connection_event(&callback_coverage, source, &events_tx, event);
                 std::future::ready(())
             })
             .connect(config.nats_url.expose())
@@ -92,13 +94,21 @@ impl Application {
                     config.nats_url_for_display()
                 )
             })?;
-        let subscriber = nats
-            .subscribe(config.subject.clone())
-            .await
-            .with_context(|| format!("cannot subscribe to {} (--subject)", config.subject))?;
-        let probe = ProbeSubscription::new(&nats)
-            .await
-            .context("cannot subscribe to the subscription confirmation probe")?;
+        let core = match config.source {
+            Source::Core => {
+                let subscriber =
+                    nats.subscribe(config.subject.clone())
+                        .await
+                        .with_context(|| {
+                            format!("cannot subscribe to {} (--subject)", config.subject)
+                        })?;
+                let probe = ProbeSubscription::new(&nats)
+                    .await
+                    .context("cannot subscribe to the subscription confirmation probe")?;
+                Some((subscriber, probe))
+            }
+            Source::JetStream => None,
+        };
 
         let listener = TcpListener::bind(config.listen)
             .await
@@ -117,8 +127,7 @@ impl Application {
             state,
             store,
             nats,
-            subscriber,
-            probe,
+            core,
             connection_events,
             coverage,
         })
@@ -141,8 +150,7 @@ impl Application {
             state,
             store,
             nats,
-            subscriber,
-            probe,
+            core,
             connection_events,
             coverage,
         } = self;
@@ -155,11 +163,12 @@ impl Application {
             state.views.clone(),
             state.metrics.clone(),
             state.readiness.clone(),
-            coverage,
+            coverage.clone(),
         );
         if nats.connection_state() == async_nats::connection::State::Connected {
             state.readiness.set_connected(true);
         }
+        let (subscriber, probe) = core.unzip();
         tracker.spawn(ingest.clone().watch_connection(
             nats.clone(),
             probe,
@@ -172,7 +181,24 @@ impl Application {
                 .clone()
                 .ping_store_until(store, stop.clone()),
         );
-        let mut ingest_task = tracker.spawn(ingest.run(subscriber, stop.clone()));
+        let mut ingest_task = match subscriber {
+            Some(subscriber) => tracker.spawn(ingest.run(subscriber, stop.clone())),
+            None => {
+                state.readiness.set_subscribed(true);
+                let source = JetStreamSource::new(
+                    nats.clone(),
+                    ingest,
+                    coverage,
+                    state.metrics.clone(),
+                    config.jetstream_settings(),
+                );
+                let stop = stop.clone();
+                tracker.spawn(async move {
+                    source.run(stop).await;
+                    Ok(())
+                })
+            }
+        };
         let state_views = state.views.clone();
         let reads = state.clone();
         let connections = TaskTracker::new();
@@ -185,12 +211,12 @@ impl Application {
             connections.clone(),
             stop.clone(),
         ));
-        tracing::info!(address = %address, subject = %config.subject, "chat-history-view started");
+        tracing::info!(address = %address, subject = %config.subject, source = ?config.source, "chat-history-view started");
 
         let outcome = tokio::select! {
             () = shutdown => Ok(()),
             result = &mut ingest_task => match result {
-                Ok(_) => Err(anyhow::anyhow!("the NATS subscription ended")),
+                Ok(_) => Err(anyhow::anyhow!("the NATS subscription or the JetStream source ended")),
                 Err(join) => Err(anyhow::Error::new(join).context("the ingest task failed")),
             },
             result = &mut server_task => match result {

@@ -34,6 +34,7 @@ use std::time::Duration;
 use moka::future::Cache;
 use moka::ops::compute::Op;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use render::{Answer, Source};
@@ -210,6 +211,14 @@ impl<S: StoreReads> ViewCache<S> {
         primary: Option<&Identity>,
     ) -> Result<Answer, ReadError> {
         let entry = self.entry(thread_id).await;
+        let catch_up = self.coverage.catch_up();
+        if !catch_up.is_caught_up() {
+            // A resumed JetStream consumer has not delivered what its stream held yet: a complete view may lack it
+            // for a moment. Wait for it, but within part of the read's time, then read the store.
+            catch_up
+                .wait(Instant::now() + self.settings.store_timeout / 2)
+                .await;
+        }
         if let Some(answer) = self.complete_answer(&entry, primary, Source::Cache) {
             self.metrics.cache_hit();
             return Ok(answer);
@@ -262,13 +271,17 @@ impl<S: StoreReads> ViewCache<S> {
     }
 
     /// The answer of a complete view; `None` (and the view downgraded if it was complete as of an older epoch: a
-    /// gap or a removal happened since) otherwise.
+    /// gap or a removal happened since) otherwise, and while a resumed live source has not caught up (the view may
+    /// lack what its stream still holds).
     fn complete_answer(
         &self,
         entry: &Entry,
         primary: Option<&Identity>,
         source: Source,
     ) -> Option<Answer> {
+        if !self.coverage.catch_up().is_caught_up() {
+            return None;
+        }
         let mut view = entry.lock_view(&self.metrics);
         let epoch = self.coverage.epoch(entry.bucket);
         if view.state(epoch) == ViewState::Complete {

@@ -42,9 +42,14 @@ pub struct NatsServer {
 
 impl NatsServer {
     pub fn start() -> Self {
+        Self::start_with(Vec::new())
+    }
+
+    /// A server with `extra` arguments (a cluster's name and routes).
+    fn start_with(extra: Vec<String>) -> Self {
         let port = free_port();
         let dir = temp_dir("nats");
-        let args = vec![
+        let mut args = vec![
             "-a".into(),
             "127.0.0.1".into(),
             "-p".into(),
@@ -53,6 +58,7 @@ impl NatsServer {
             "-sd".into(),
             dir.join("js").display().to_string(),
         ];
+        args.extend(extra);
         Self {
             process: Process::start(
                 spec("nats-server", tool("NATS_SERVER_BIN", "nats-server"), args),
@@ -89,6 +95,40 @@ impl NatsServer {
     /// Lets a paused server go on (SIGCONT).
     pub fn resume(&self) {
         self.process.signal("-CONT");
+    }
+}
+
+/// nats-servers with JetStream in one cluster on 127.0.0.1, routed to each other, so that a stream of several
+/// replicas has a leader that can change.
+pub struct NatsCluster {
+    pub servers: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    pub fn start(size: usize) -> Self {
+        let cluster_ports: Vec<u16> = (0..size).map(|_| free_port()).collect();
+        let routes = cluster_ports
+            .iter()
+            .map(|port| format!("nats://127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let servers = cluster_ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| {
+                NatsServer::start_with(vec![
+                    "--server_name".into(),
+                    format!("n{i}"),
+                    "--cluster_name".into(),
+                    "chv".into(),
+                    "--cluster".into(),
+                    format!("nats://127.0.0.1:{port}"),
+                    "--routes".into(),
+                    routes.clone(),
+                ])
+            })
+            .collect();
+        Self { servers }
     }
 }
 

@@ -46,5 +46,7 @@ mod operations;
 mod demo;
 // Relative links in comments and docs resolve; cited rules are links.
 mod links;
+// The JetStream source: conformance, a cut link and a NATS restart (no gap), a recreated stream (a gap), replay.
+mod jetstream;
 // mongodb+srv:// URIs: started before the name resolves, ready once it does (a DNS responder of its own).
 mod srv;
