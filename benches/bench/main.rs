@@ -22,6 +22,7 @@ mod p5_memory;
 mod p6_freshness;
 mod p7_multi_turn;
 mod p8_hot_thread;
+mod p9_faults;
 mod report;
 mod setup;
 mod worker;
@@ -65,6 +66,7 @@ async fn run_all(setup: Arc<Setup>) -> Vec<Row> {
     rows.extend(measure(&setup, "P6", p6_freshness::run).await);
     rows.extend(measure(&setup, "P7", p7_multi_turn::run).await);
     rows.extend(measure(&setup, "P8", p8_hot_thread::run).await);
+    rows.extend(measure(&setup, "P9", p9_faults::run).await);
     rows
 }
 

@@ -1,15 +1,19 @@
 //! What chat-history-view's integration tests, benchmark and demo share, written once:
 //!
+//! - [`class_streams`]: aihub's JetStream class streams, created as aihub does;
 //! - [`process`]: free ports, temp dirs, log tails and the guard of a child process;
 //! - [`servers`]: nats-server and the Mongo-wire server as guarded child processes;
+//! - [`proxy`]: a TCP proxy a test or the benchmark cuts or leaves half-open, to lose a link for certain;
 //! - [`worker`]: the worker binary as a guarded child process, configured by environment;
 //! - [`rows`]: aihub's display events as persisted rows, their NATS subjects and payloads;
 //! - [`scrape`] and [`memory`]: reading `/metrics` and a process's memory and CPU time;
 //! - [`turns`] and [`hot_thread`]: the multi-turn read pattern and the hot-thread scenario (tests and P7, P8).
 
+pub mod class_streams;
 pub mod hot_thread;
 pub mod memory;
 pub mod process;
+pub mod proxy;
 pub mod rows;
 pub mod scrape;
 pub mod servers;

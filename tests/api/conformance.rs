@@ -13,7 +13,7 @@ use test_support::servers::{MongoServer, NatsServer};
 /// How many cases run at once (each has its own binary process).
 const PARALLEL: usize = 4;
 
-fn query(case: &Case) -> String {
+pub fn query(case: &Case) -> String {
     match &case.primary {
         Some(p) => format!(
             "agent_class={}&agent_id={}",
@@ -24,7 +24,7 @@ fn query(case: &Case) -> String {
     }
 }
 
-fn check(case: &Case, path: &str, reply: &Reply) -> Option<String> {
+pub fn check(case: &Case, path: &str, reply: &Reply) -> Option<String> {
     if reply.status != 200 {
         return Some(format!(
             "{} [{path}]: status {} {}",
@@ -41,7 +41,8 @@ fn check(case: &Case, path: &str, reply: &Reply) -> Option<String> {
         })
 }
 
-async fn run_all<F, Fut>(path: &str, run: F)
+/// Runs every case that names `path`, a few at a time, and fails with all the failures.
+pub async fn run_all<F, Fut>(path: &str, run: F)
 where
     F: Fn(Case) -> Fut,
     Fut: Future<Output = Option<String>>,
@@ -94,33 +95,54 @@ async fn every_store_case_passes_end_to_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_live_case_passes_end_to_end() {
     let mongo = Arc::new(MongoServer::start());
-    run_all("live", |case| {
-        let mongo = mongo.clone();
-        async move {
-            // Each case has its own nats-server: the cases share thread ids.
-            let nats = NatsServer::start();
-            let database = unique("live");
-            let store = TestStore::connect(&mongo.uri(), &database).await;
-            store.create_aihub_indexes().await;
-            let app = BinaryApp::start(&[
-                ("HISTORY_VIEW_NATS_URL", nats.url()),
-                ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
-                ("HISTORY_VIEW_MONGODB_DATABASE", database),
-            ])
-            .await;
-            app.wait_ready().await;
-            let publisher = async_nats::connect(nats.url()).await.expect("publisher");
-            publish_rows(&publisher, &case.rows).await;
-            // Only display events reach the worker's subscription.
-            let expected = case
-                .rows
-                .iter()
-                .filter(|r| r["event_type"] == "display_event")
-                .count();
-            app.api.wait_for_events(expected as u64).await;
-            let reply = app.api.history(&case.thread_id, &query(&case)).await;
-            check(&case, "live", &reply)
-        }
-    })
-    .await;
+    run_all("live", |case| live_case(mongo.clone(), case, "live", &[])).await;
+}
+
+/// One live case: its own nats-server (the cases share thread ids) prepared by `prepare`, a worker with `env` and
+/// nothing in the store; the rows published on NATS, read over HTTP once consumed, checked as `path`.
+pub async fn live_case(
+    mongo: Arc<MongoServer>,
+    case: Case,
+    path: &str,
+    env: &[(&str, &str)],
+) -> Option<String> {
+    live_case_prepared(mongo, case, path, env, |_, _| async {}).await
+}
+
+/// [`live_case`], with `prepare(nats_url, case)` run before the worker starts (streams to create, say).
+pub async fn live_case_prepared<P, PFut>(
+    mongo: Arc<MongoServer>,
+    case: Case,
+    path: &str,
+    env: &[(&str, &str)],
+    prepare: P,
+) -> Option<String>
+where
+    P: FnOnce(String, &Case) -> PFut,
+    PFut: Future<Output = ()>,
+{
+    let nats = NatsServer::start();
+    prepare(nats.url(), &case).await;
+    let database = unique("live");
+    let store = TestStore::connect(&mongo.uri(), &database).await;
+    store.create_aihub_indexes().await;
+    let mut settings = vec![
+        ("HISTORY_VIEW_NATS_URL", nats.url()),
+        ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+        ("HISTORY_VIEW_MONGODB_DATABASE", database),
+    ];
+    settings.extend(env.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    let app = BinaryApp::start(&settings).await;
+    app.wait_ready().await;
+    let publisher = async_nats::connect(nats.url()).await.expect("publisher");
+    publish_rows(&publisher, &case.rows).await;
+    // Only display events reach the worker.
+    let expected = case
+        .rows
+        .iter()
+        .filter(|r| r["event_type"] == "display_event")
+        .count();
+    app.api.wait_for_events(expected as u64).await;
+    let reply = app.api.history(&case.thread_id, &query(&case)).await;
+    check(&case, path, &reply)
 }

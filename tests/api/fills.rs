@@ -8,8 +8,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::helpers::{Api, BinaryApp, metric, publish_rows};
-use crate::proxy::Proxy;
 use crate::scene::{Scene, read_until_cache, wait_check, wait_metric};
+use test_support::proxy::Proxy;
 use test_support::turns::Conversation;
 
 /// Two turns persisted before the worker starts: the second asked a HITL question on a hidden display, which the

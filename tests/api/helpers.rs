@@ -148,16 +148,7 @@ impl TestStore {
     }
 }
 
-/// Publishes rows on NATS as aihub does: the row's 9-token subject, `event_data` as the JSON payload.
-pub async fn publish_rows(client: &async_nats::Client, rows: &[Value]) {
-    for row in rows {
-        client
-            .publish(rows::subject(row), rows::payload(row).into())
-            .await
-            .expect("publish");
-    }
-    client.flush().await.expect("flush");
-}
+pub use test_support::rows::publish as publish_rows;
 
 /// A parsed HTTP response.
 #[derive(Debug)]

@@ -1,6 +1,6 @@
 //! The JetStream source (`HISTORY_VIEW_SOURCE=jetstream`) through the built binary, on aihub's class streams created
 //! here the way aihub creates them (`agent_<Class>_stream` over `agent.<Class>.*.*.*.*.*.*.*`, file storage): the
-//! conformance cases; a cut link and a restarted nats-server, neither a gap (the views stay complete, no store read);
+//! conformance cases and random threads; a cut link and a restarted nats-server, neither a gap (the views stay complete, no store read);
 //! a stream deleted and recreated under the worker, a gap; a restarted worker that replays what it missed.
 
 use std::collections::BTreeSet;
@@ -8,52 +8,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use futures_util::StreamExt;
+use chat_history_view::project::project;
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::TestRunner;
 use serde_json::Value;
 
-use crate::cases;
+use crate::conformance::{live_case_prepared, run_all};
 use crate::helpers::{
-    Api, BinaryApp, TestStore, chunk_row, encode, metric, publish_rows, turns, unique, user_row,
+    Api, BinaryApp, TestStore, chunk_row, metric, publish_rows, turns, unique, user_row,
 };
-use crate::proxy::Proxy;
+use crate::projector::decode_rows;
 use crate::scene::{Scene, messages, now_ns, read_until_cache, wait_metric};
-use test_support::servers::{MongoServer, NatsCluster, NatsServer};
+use crate::threads;
+use test_support::class_streams::{create_class_streams, create_replicated_class_streams};
+use test_support::proxy::Proxy;
+use test_support::servers::{MongoServer, NatsCluster};
 
 const JETSTREAM: (&str, &str) = ("HISTORY_VIEW_SOURCE", "jetstream");
-
-/// Creates aihub's stream of each agent class (the worker creates none).
-async fn create_class_streams(nats_url: &str, classes: impl IntoIterator<Item = String>) {
-    create_replicated_class_streams(nats_url, classes, 1).await;
-}
-
-/// [`create_class_streams`] with `replicas` (a cluster's meta leader may take a few seconds to be elected).
-async fn create_replicated_class_streams(
-    nats_url: &str,
-    classes: impl IntoIterator<Item = String>,
-    replicas: usize,
-) {
-    let client = async_nats::connect(nats_url).await.expect("nats client");
-    let context = jetstream::new(client);
-    for class in classes {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let created = context
-                .create_stream(jetstream::stream::Config {
-                    name: format!("agent_{class}_stream"),
-                    subjects: vec![format!("agent.{class}.*.*.*.*.*.*.*")],
-                    storage: jetstream::stream::StorageType::File,
-                    num_replicas: replicas,
-                    ..Default::default()
-                })
-                .await;
-            match created {
-                Ok(_) => break,
-                Err(error) => assert!(Instant::now() < deadline, "a class stream: {error}"),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
 
 fn classes(rows: &[Value]) -> BTreeSet<String> {
     rows.iter()
@@ -88,67 +59,62 @@ async fn warm_jetstream(scene: &Scene, nats_url: String, thread: &str) -> Binary
     app
 }
 
-/// Waits until `/readyz` answers 200 (the consumers have caught up) within 20 s.
-async fn wait_caught_up(api: &Api) {
+/// Reads `thread` until it is served from memory with the stored answer `answer` after the first turn, and fails if
+/// memory ever serves it without: the view a gap made stale is never served.
+async fn served_from_memory_only_with(api: &Api, thread: &str, answer: &str) {
+    let expected = turns(&[("user", "Q"), ("assistant", answer)]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let read = api.history(thread, "").await;
+        let answered = messages(&read) == expected;
+        assert!(
+            answered || read.source() != Some("cache"),
+            "a stale view served from memory: {}",
+            read.body
+        );
+        if answered && read.source() == Some("cache") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{}", read.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The end of a fault that is no gap: the consumers resumed (`continued`) and caught up, the view is served from
+/// memory with `answer` (published during the fault), no resume was a gap, and no hydration ran since `before`.
+async fn resumed_without_a_gap(api: &Api, thread: &str, answer: &str, before: f64) {
+    wait_metric(
+        api,
+        "history_view_jetstream_resumes_total{outcome=\"continued\"}",
+        1.0,
+    )
+    .await;
     api.wait_readiness(true).await;
+    let served = read_until_cache(api, thread, "").await;
+    assert_eq!(
+        messages(&served),
+        turns(&[("user", "Q"), ("assistant", answer)])
+    );
+    assert_eq!(resumes(api, "gap").await, 0.0);
+    assert_eq!(hydrations(api).await, before, "the view was kept");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_live_case_passes_through_the_jetstream_source() {
     let mongo = Arc::new(MongoServer::start());
-    let cases = cases::load("live");
-    let total = cases.len();
-    let failures: Vec<String> = futures_util::stream::iter(cases)
-        .map(|case| {
-            let mongo = mongo.clone();
-            async move {
-                // Each case has its own nats-server: the cases share thread ids.
-                let nats = NatsServer::start();
-                create_class_streams(&nats.url(), classes(&case.rows)).await;
-                let database = unique("js");
-                let store = TestStore::connect(&mongo.uri(), &database).await;
-                store.create_aihub_indexes().await;
-                let app = BinaryApp::start(&[
-                    ("HISTORY_VIEW_NATS_URL", nats.url()),
-                    ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
-                    ("HISTORY_VIEW_MONGODB_DATABASE", database),
-                    (JETSTREAM.0, JETSTREAM.1.to_owned()),
-                ])
-                .await;
-                app.wait_ready().await;
-                let publisher = async_nats::connect(nats.url()).await.expect("publisher");
-                publish_rows(&publisher, &case.rows).await;
-                let expected = case
-                    .rows
-                    .iter()
-                    .filter(|r| r["event_type"] == "display_event")
-                    .count();
-                app.api.wait_for_events(expected as u64).await;
-                let query = match &case.primary {
-                    Some(p) => format!(
-                        "agent_class={}&agent_id={}",
-                        encode(&p.agent_class),
-                        encode(&p.agent_id)
-                    ),
-                    None => String::new(),
-                };
-                let reply = app.api.history(&case.thread_id, &query).await;
-                (reply.status != 200 || reply.json()["messages"] != case.expected.messages).then(
-                    || {
-                        format!(
-                            "{} [jetstream]:\n  expected {}\n  actual   {}",
-                            case.name, case.expected.messages, reply.body
-                        )
-                    },
-                )
-            }
-        })
-        .buffer_unordered(4)
-        .filter_map(|failure| async move { failure })
-        .collect()
-        .await;
-    println!("{total} live cases run through the JetStream source");
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    run_all("live", |case| {
+        live_case_prepared(
+            mongo.clone(),
+            case,
+            "jetstream",
+            &[JETSTREAM],
+            |url, case| {
+                let classes = classes(&case.rows);
+                async move { create_class_streams(&url, classes).await }
+            },
+        )
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,23 +137,10 @@ async fn a_cut_link_is_no_gap_the_views_stay_complete_and_get_what_was_published
         "{}",
         read.body
     );
+    // The read during the cut read the store; from here on the view is kept, not hydrated again.
     let before = hydrations(&app.api).await;
     proxy.restore();
-    wait_metric(
-        &app.api,
-        "history_view_jetstream_resumes_total{outcome=\"continued\"}",
-        1.0,
-    )
-    .await;
-    wait_caught_up(&app.api).await;
-    let served = read_until_cache(&app.api, thread, "").await;
-    assert_eq!(
-        messages(&served),
-        turns(&[("user", "Q"), ("assistant", "meanwhile")])
-    );
-    assert_eq!(resumes(&app.api, "gap").await, 0.0);
-    // The read during the cut read the store; since then the view was kept, not hydrated again.
-    assert_eq!(hydrations(&app.api).await, before, "the view was kept");
+    resumed_without_a_gap(&app.api, thread, "meanwhile", before).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,20 +157,7 @@ async fn a_restarted_nats_server_with_file_storage_is_no_gap() {
     let answer = chunk_row(thread, "d1", "A", "e2", now_ns(1), "after restart");
     scene.store.insert_rows(std::slice::from_ref(&answer)).await;
     publish_rows(&scene.publisher, &[answer]).await;
-    wait_metric(
-        &app.api,
-        "history_view_jetstream_resumes_total{outcome=\"continued\"}",
-        1.0,
-    )
-    .await;
-    wait_caught_up(&app.api).await;
-    let served = read_until_cache(&app.api, thread, "").await;
-    assert_eq!(
-        messages(&served),
-        turns(&[("user", "Q"), ("assistant", "after restart")])
-    );
-    assert_eq!(resumes(&app.api, "gap").await, 0.0);
-    assert_eq!(hydrations(&app.api).await, before, "the view was kept");
+    resumed_without_a_gap(&app.api, thread, "after restart", before).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,21 +181,7 @@ async fn a_stream_recreated_under_the_worker_is_a_gap_and_no_stale_view_is_serve
         1.0,
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let read = app.api.history(thread, "").await;
-        let answered = messages(&read) == turns(&[("user", "Q"), ("assistant", "missed")]);
-        assert!(
-            answered || read.source() != Some("cache"),
-            "a stale view served from memory: {}",
-            read.body
-        );
-        if answered && read.source() == Some("cache") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{}", read.body);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    served_from_memory_only_with(&app.api, thread, "missed").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,19 +248,69 @@ async fn a_new_leader_of_a_replicated_stream_is_a_gap_and_no_stale_view_is_serve
         1.0,
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let read = app.api.history(thread, "").await;
-        let answered = messages(&read) == turns(&[("user", "Q"), ("assistant", "elected")]);
-        assert!(
-            answered || read.source() != Some("cache"),
-            "a view without the stored answer served from memory: {}",
-            read.body
+    served_from_memory_only_with(&app.api, thread, "elected").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_threads_through_the_jetstream_source_equal_the_projector_and_a_cold_read() {
+    const THREADS: usize = 60;
+    let mut runner = TestRunner::deterministic();
+    let generated: Vec<(String, threads::Thread)> = (0..THREADS)
+        .map(|i| {
+            let id = format!("js-conv-{i}");
+            let thread = threads::thread(id.clone())
+                .new_tree(&mut runner)
+                .expect("a thread")
+                .current();
+            (id, thread)
+        })
+        .collect();
+    let delivered: Vec<Value> = generated
+        .iter()
+        .flat_map(|(_, t)| t.delivered.clone())
+        .collect();
+    let scene = Scene::new().await;
+    create_class_streams(&scene.nats.url(), classes(&delivered)).await;
+    let app = scene
+        .worker(
+            scene.nats.url(),
+            &[JETSTREAM, ("HISTORY_VIEW_MONGODB_INDEX_HINT", "")],
+        )
+        .await;
+    publish_rows(&scene.publisher, &delivered).await;
+    let display_events = delivered
+        .iter()
+        .filter(|r| r["event_type"] == "display_event")
+        .count();
+    app.api.wait_for_events(display_events as u64).await;
+    // The store gets the same deliveries afterwards (the persister lags): the JetStream view has them all already.
+    scene.store.insert_rows(&delivered).await;
+    let mut visible = 0;
+    for (id, thread) in &generated {
+        let projected = project(&decode_rows(&thread.rows), None);
+        let expected = serde_json::to_string(
+            &serde_json::json!({"thread_id": id, "messages": projected.history.messages}),
+        )
+        .unwrap();
+        let live = app.api.history(id, "").await;
+        assert_eq!(live.body, expected, "{id}: JetStream view vs projector");
+        visible += usize::from(!live.body.contains("\"messages\":[]"));
+    }
+    assert!(
+        visible > THREADS / 2,
+        "only {visible} threads have visible history"
+    );
+    // A fresh Core worker's cold reads answer the same.
+    let cold = scene
+        .worker(scene.nats.url(), &[("HISTORY_VIEW_MONGODB_INDEX_HINT", "")])
+        .await;
+    for (id, _) in generated.iter().take(20) {
+        let stored = cold.api.history(id, "").await;
+        assert_eq!(stored.source(), Some("store"));
+        assert_eq!(
+            stored.body,
+            app.api.history(id, "").await.body,
+            "{id}: cold read"
         );
-        if answered && read.source() == Some("cache") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{}", read.body);
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::helpers::{Api, chunk_row, publish_rows, turns};
-use crate::proxy::Proxy;
 use crate::scene::{Scene, messages, now_ns};
+use test_support::proxy::Proxy;
 
 /// How soon a dead link must be noticed (about three ping intervals, with room for a loaded machine).
 const NOTICED_WITHIN: Duration = Duration::from_secs(15);

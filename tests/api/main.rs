@@ -20,8 +20,6 @@ mod http;
 mod hardening;
 // The live path: read-after-publish, convergence, gaps, shared hydration, warnings, memory.
 mod live;
-// A TCP proxy that tests cut, to lose a link for certain.
-mod proxy;
 // Scenarios through the built binary: servers, store, publisher, workers, shared waits.
 mod scene;
 // The persister-lag rule end to end: late persistence after start, gaps, evictions and store outages.

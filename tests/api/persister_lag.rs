@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::helpers::{chunk_row, metric, publish_rows, spawn_app_with, turns, user_row};
-use crate::proxy::Proxy;
 use crate::scene::{Scene, messages, now_ns, wait_check, wait_drops, wait_metric};
+use test_support::proxy::Proxy;
 use test_support::scrape::live_drops;
 
 /// The `n`th part of an answer streamed on `thread`'s first display: its text and its row.

@@ -26,9 +26,9 @@ use tokio::sync::watch;
 
 use crate::fuzz_corpus::checks::stored_row;
 use crate::helpers::{Api, BinaryApp, TestStore, release_binary, unique};
-use crate::proxy::Proxy;
 use crate::threads;
 use test_support::memory::memory;
+use test_support::proxy::Proxy;
 use test_support::servers::{MongoServer, NatsServer};
 use test_support::turns::{Conversation, PRIMARY};
 
