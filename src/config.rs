@@ -554,6 +554,32 @@ mod tests {
     }
 
     #[test]
+    fn the_jetstream_source_is_opt_in_and_replays_past_the_bound_by_default() {
+        let core = parse(&[]).unwrap();
+        assert_eq!(core.source, Source::Core);
+        let js = parse(&["--source", "jetstream", "--persist-lag-ms", "1500"]).unwrap();
+        assert_eq!(js.source, Source::JetStream);
+        let settings = js.jetstream_settings();
+        assert_eq!(settings.replay, Duration::from_millis(4_500));
+        assert_eq!(settings.streams, "agent_*_stream");
+        let explicit = parse(&["--jetstream-replay-secs", "0"]).unwrap();
+        assert_eq!(explicit.jetstream_settings().replay, Duration::ZERO);
+    }
+
+    #[test]
+    fn bad_jetstream_settings_fail_at_start_naming_the_setting() {
+        for (flag, value) in [
+            ("--source", "kafka"),
+            ("--jetstream-streams", "agent.*"),
+            ("--jetstream-streams", ""),
+            ("--jetstream-replay-secs", "86401"),
+        ] {
+            let error = parse(&[flag, value]).unwrap_err().to_string();
+            assert!(error.contains(flag), "{flag}={value}: {error}");
+        }
+    }
+
+    #[test]
     fn srv_uris_are_accepted() {
         let config = parse(&[
             "--mongodb-uri",
