@@ -10,7 +10,7 @@
 //! ([`crate::coverage::CatchUp`]): complete views are served from memory only then.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
@@ -64,6 +64,14 @@ struct Inner {
     coverage: Coverage,
     metrics: Metrics,
     settings: JetStreamSettings,
+    /// The streams a consumer loop runs for. A loop whose stream was deleted takes its name out, so that a stream
+    /// created again under it is found and consumed as a new one.
+    consumed: Mutex<HashSet<String>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A set of names, changed by single inserts and removals: a panic cannot leave it torn.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Where a stream's consumption stands, for the next resume.
@@ -117,6 +125,7 @@ impl JetStreamSource {
                 coverage,
                 metrics,
                 settings,
+                consumed: Mutex::new(HashSet::new()),
             }),
         }
     }
@@ -126,14 +135,13 @@ impl JetStreamSource {
     /// published before it existed were captured by no stream).
     pub async fn run(self, stop: CancellationToken) {
         let replay_from = SystemTime::now() - self.inner.settings.replay;
-        let mut consumed: HashSet<String> = HashSet::new();
         let mut started = false;
         loop {
             match self.list_streams().await {
                 Ok(names) => {
                     let new: Vec<String> = names
                         .into_iter()
-                        .filter(|n| !consumed.contains(n))
+                        .filter(|n| !lock(&self.inner.consumed).contains(n))
                         .collect();
                     let start = if started {
                         if !new.is_empty() {
@@ -148,7 +156,7 @@ impl JetStreamSource {
                     };
                     if started {
                         for name in new {
-                            consumed.insert(name.clone());
+                            lock(&self.inner.consumed).insert(name.clone());
                             self.inner.coverage.catch_up().track(&name);
                             tokio::spawn(self.clone().consume(name, start, stop.clone()));
                         }
@@ -232,6 +240,7 @@ impl JetStreamSource {
                     self.inner.metrics.jetstream_resume(ResumeOutcome::Gap);
                     self.inner.coverage.gap(self.inner.coverage.now());
                     self.inner.coverage.catch_up().forget(&name);
+                    lock(&self.inner.consumed).remove(&name);
                     return;
                 }
                 Ended::Resume { progressed } => {

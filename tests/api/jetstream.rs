@@ -185,6 +185,50 @@ async fn a_stream_recreated_under_the_worker_is_a_gap_and_no_stale_view_is_serve
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_then_created_again_is_consumed_again() {
+    let scene = Scene::new().await;
+    let thread = "t-js-deleted";
+    let app = warm_jetstream(&scene, scene.nats.url(), thread).await;
+    let context = jetstream::new(scene.publisher.clone());
+    context
+        .delete_stream("agent_A_stream")
+        .await
+        .expect("delete");
+    // The worker notices the deletion (a gap) before the stream comes back.
+    wait_metric(
+        &app.api,
+        "history_view_jetstream_resumes_total{outcome=\"gap\"}",
+        1.0,
+    )
+    .await;
+    create_class_streams(&scene.nats.url(), ["A".into()]).await;
+    // Found again as a new stream (another gap), and consumed: an answer only published, not persisted yet,
+    // reaches the view.
+    wait_metric(
+        &app.api,
+        "history_view_jetstream_resumes_total{outcome=\"gap\"}",
+        2.0,
+    )
+    .await;
+    app.api.wait_readiness(true).await;
+    let answer = chunk_row(thread, "d1", "A", "e2", now_ns(1), "live only");
+    publish_rows(&scene.publisher, &[answer]).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let read = app.api.history(thread, "").await;
+        if messages(&read) == turns(&[("user", "Q"), ("assistant", "live only")]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never consumed again: {}",
+            read.body
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_worker_replays_what_was_published_while_it_was_down() {
     let scene = Scene::new().await;
     let thread = "t-js-replay";
