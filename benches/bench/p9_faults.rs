@@ -159,16 +159,8 @@ async fn scenario(setup: &Setup, source: &str, fault: Fault) -> Outcome {
         store.insert(&rows).await;
         rows::publish(&publisher, &rows).await;
     }
-    // Every thread served from memory (its first read may complete it, or its background re-read).
-    let deadline = Instant::now() + Duration::from_secs(30);
     for thread in &threads {
-        while running(&worker).history(thread).await.source != "cache" {
-            assert!(
-                Instant::now() < deadline,
-                "{thread} was never served from memory"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        running(&worker).read_until_cached(thread).await;
     }
 
     let started = Instant::now();
