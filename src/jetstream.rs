@@ -146,8 +146,7 @@ impl JetStreamSource {
                     let start = if started {
                         if !new.is_empty() {
                             tracing::info!(streams = ?new, "new class streams: a gap (events of their classes before them were in no stream)");
-                            self.inner.metrics.jetstream_resume(ResumeOutcome::Gap);
-                            self.inner.coverage.gap(self.inner.coverage.now());
+                            self.record_gap();
                         }
                         Start::All
                     } else {
@@ -208,10 +207,8 @@ impl JetStreamSource {
             from = from.max(wall(info.created)).max(wall(oldest));
         }
         let coverage = &self.inner.coverage;
-        let at = coverage
-            .stamp_of(from)
-            .plus(CLOCK_SKEW_MARGIN)
-            .min(coverage.now());
+        // Not capped at now: a stream created a moment ago must still get the margin.
+        let at = coverage.stamp_of(from).plus(CLOCK_SKEW_MARGIN);
         if coverage.confirm_live(coverage.connection(), at) {
             tracing::info!(
                 streams = streams.len(),
@@ -237,8 +234,7 @@ impl JetStreamSource {
                 Ended::Stopped => return,
                 Ended::Deleted => {
                     tracing::warn!(stream = %name, "a class stream was deleted: a gap");
-                    self.inner.metrics.jetstream_resume(ResumeOutcome::Gap);
-                    self.inner.coverage.gap(self.inner.coverage.now());
+                    self.record_gap();
                     self.inner.coverage.catch_up().forget(&name);
                     lock(&self.inner.consumed).remove(&name);
                     return;
@@ -294,7 +290,7 @@ impl JetStreamSource {
             catch_up.forget(name);
             return Ended::Stopped;
         }
-        let consumer = match stream
+        let mut consumer = match stream
             .create_consumer(pull::Config {
                 deliver_policy,
                 ack_policy: AckPolicy::None,
@@ -311,7 +307,6 @@ impl JetStreamSource {
                 return Ended::Resume { progressed: false };
             }
         };
-        let mut consumer = consumer;
         match consumer.info().await {
             Ok(info) if info.num_pending == 0 => catch_up.caught_up(name, epoch),
             Ok(info) => self.inner.metrics.jetstream_pending(name, info.num_pending),
@@ -344,7 +339,7 @@ impl JetStreamSource {
                 _ = identity.tick() => {
                     let Ok(now) = stream.info().await.cloned() else { continue };
                     let Some(position) = position.as_mut() else { continue };
-                    if position.created != wall(now.created) || position.leader != leader(&now) {
+                    if !same_stream(position, wall(now.created), leader(&now).as_deref()) {
                         tracing::info!(stream = name, "the class stream changed under its consumer; resuming");
                         return Ended::Resume { progressed: delivered > 0 };
                     }
@@ -389,6 +384,12 @@ impl JetStreamSource {
         }
     }
 
+    /// A gap: every complete view is partial from now on ([`Coverage::gap`]), counted as a resume outcome.
+    fn record_gap(&self) {
+        self.inner.metrics.jetstream_resume(ResumeOutcome::Gap);
+        self.inner.coverage.gap(self.inner.coverage.now());
+    }
+
     /// Where the next consumer starts, and whether this resume is a gap (counted and recorded here).
     fn resume_policy(
         &self,
@@ -406,7 +407,7 @@ impl JetStreamSource {
         };
         let next = match position.take() {
             None => fresh(start),
-            Some(previous) if keeps_identity(Some(&previous), info) => {
+            Some(previous) if keeps_identity(&previous, info) => {
                 self.inner
                     .metrics
                     .jetstream_resume(ResumeOutcome::Continued);
@@ -417,8 +418,7 @@ impl JetStreamSource {
                     stream = name,
                     "a class stream was recreated, lost messages not read yet, or changed its leader: a gap"
                 );
-                self.inner.metrics.jetstream_resume(ResumeOutcome::Gap);
-                self.inner.coverage.gap(self.inner.coverage.now());
+                self.record_gap();
                 // Everything the stream holds now, as a stream seen for the first time after the start.
                 fresh(Start::All)
             }
@@ -439,15 +439,18 @@ impl JetStreamSource {
 
 /// Whether the stream is still the one `position` read: created at the same moment, under the same leader, and
 /// still holding the message after the last one applied.
-fn keeps_identity(position: Option<&Position>, info: &Info) -> bool {
-    position.is_none_or(|position| {
-        continues(
-            position,
-            wall(info.created),
-            leader(info).as_deref(),
-            info.state.first_sequence,
-        )
-    })
+fn keeps_identity(position: &Position, info: &Info) -> bool {
+    continues(
+        position,
+        wall(info.created),
+        leader(info).as_deref(),
+        info.state.first_sequence,
+    )
+}
+
+/// Whether a stream created at `created` and led by `leader` is the one `position` read.
+fn same_stream(position: &Position, created: SystemTime, leader: Option<&str>) -> bool {
+    position.created == created && position.leader.as_deref() == leader
 }
 
 /// The resume rule on plain values: a stream created at `created`, led by `leader`, whose oldest message is
@@ -458,8 +461,7 @@ fn continues(
     leader: Option<&str>,
     first_sequence: u64,
 ) -> bool {
-    position.created == created
-        && position.leader.as_deref() == leader
+    same_stream(position, created, leader)
         && first_sequence
             <= position
                 .last_applied

@@ -516,13 +516,13 @@ impl Metrics {
     }
     /// A message of `stream` applied: its stream sequence and what the consumer still has to deliver.
     pub fn jetstream_applied(&self, stream: &str, sequence: u64, pending: u64) {
-        let gauge = |vec: &IntGaugeVec, value: u64| {
-            vec.with_label_values(&[stream])
-                .set(i64::try_from(value).unwrap_or(i64::MAX));
-        };
-        gauge(&self.inner.jetstream_last_sequence, sequence);
-        gauge(&self.inner.jetstream_pending, pending);
+        self.inner
+            .jetstream_last_sequence
+            .with_label_values(&[stream])
+            .set(i64::try_from(sequence).unwrap_or(i64::MAX));
+        self.jetstream_pending(stream, pending);
     }
+    /// What the consumer of `stream` has still to deliver.
     pub fn jetstream_pending(&self, stream: &str, pending: u64) {
         self.inner
             .jetstream_pending

@@ -40,11 +40,18 @@ async fn hydrations(api: &Api) -> f64 {
     )
 }
 
+/// The sample of resumes with `outcome` (`continued` or `gap`).
+fn resumes_sample(outcome: &str) -> String {
+    format!("history_view_jetstream_resumes_total{{outcome=\"{outcome}\"}}")
+}
+
+/// Waits until the worker counted `at_least` resumes with `outcome`.
+async fn wait_resumes(api: &Api, outcome: &str, at_least: f64) {
+    wait_metric(api, &resumes_sample(outcome), at_least).await;
+}
+
 async fn resumes(api: &Api, outcome: &str) -> f64 {
-    metric(
-        &api.metrics().await,
-        &format!("history_view_jetstream_resumes_total{{outcome=\"{outcome}\"}}"),
-    )
+    metric(&api.metrics().await, &resumes_sample(outcome))
 }
 
 /// A scene whose class streams exist before the worker starts, a JetStream worker reaching NATS at `nats_url`, and a
@@ -83,12 +90,7 @@ async fn served_from_memory_only_with(api: &Api, thread: &str, answer: &str) {
 /// The end of a fault that is no gap: the consumers resumed (`continued`) and caught up, the view is served from
 /// memory with `answer` (published during the fault), no resume was a gap, and no hydration ran since `before`.
 async fn resumed_without_a_gap(api: &Api, thread: &str, answer: &str, before: f64) {
-    wait_metric(
-        api,
-        "history_view_jetstream_resumes_total{outcome=\"continued\"}",
-        1.0,
-    )
-    .await;
+    wait_resumes(api, "continued", 1.0).await;
     api.wait_readiness(true).await;
     let served = read_until_cache(api, thread, "").await;
     assert_eq!(
@@ -175,12 +177,7 @@ async fn a_stream_recreated_under_the_worker_is_a_gap_and_no_stale_view_is_serve
     scene.store.insert_rows(std::slice::from_ref(&missed)).await;
     publish_rows(&scene.publisher, &[missed]).await;
     create_class_streams(&scene.nats.url(), ["A".into()]).await;
-    wait_metric(
-        &app.api,
-        "history_view_jetstream_resumes_total{outcome=\"gap\"}",
-        1.0,
-    )
-    .await;
+    wait_resumes(&app.api, "gap", 1.0).await;
     served_from_memory_only_with(&app.api, thread, "missed").await;
 }
 
@@ -195,21 +192,11 @@ async fn a_stream_deleted_then_created_again_is_consumed_again() {
         .await
         .expect("delete");
     // The worker notices the deletion (a gap) before the stream comes back.
-    wait_metric(
-        &app.api,
-        "history_view_jetstream_resumes_total{outcome=\"gap\"}",
-        1.0,
-    )
-    .await;
+    wait_resumes(&app.api, "gap", 1.0).await;
     create_class_streams(&scene.nats.url(), ["A".into()]).await;
     // Found again as a new stream (another gap), and consumed: an answer only published, not persisted yet,
     // reaches the view.
-    wait_metric(
-        &app.api,
-        "history_view_jetstream_resumes_total{outcome=\"gap\"}",
-        2.0,
-    )
-    .await;
+    wait_resumes(&app.api, "gap", 2.0).await;
     app.api.wait_readiness(true).await;
     let answer = chunk_row(thread, "d1", "A", "e2", now_ns(1), "live only");
     publish_rows(&scene.publisher, &[answer]).await;
@@ -286,12 +273,7 @@ async fn a_new_leader_of_a_replicated_stream_is_a_gap_and_no_stale_view_is_serve
     let answer = chunk_row(thread, "d1", "A", "e2", now_ns(1), "elected");
     store.insert_rows(std::slice::from_ref(&answer)).await;
     publish_rows(&publisher, &[answer]).await;
-    wait_metric(
-        &app.api,
-        "history_view_jetstream_resumes_total{outcome=\"gap\"}",
-        1.0,
-    )
-    .await;
+    wait_resumes(&app.api, "gap", 1.0).await;
     served_from_memory_only_with(&app.api, thread, "elected").await;
 }
 
