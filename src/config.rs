@@ -13,6 +13,7 @@ use clap::{CommandFactory, Parser};
 use crate::cache::CacheSettings;
 use crate::http::ConnectionLimits;
 use crate::jetstream::JetStreamSettings;
+use crate::partition::{Partitioning, StreamSettings};
 pub use crate::setting::{LogFormat, Secret, Source};
 use crate::store::{IndexHints, StoreSettings};
 
@@ -51,6 +52,48 @@ pub struct Config {
     /// 3 s, the least that lets a restarted worker serve from memory as soon as it has caught up. 0: no replay.
     #[arg(long = "jetstream-replay-secs", env = "HISTORY_VIEW_JETSTREAM_REPLAY_SECS", value_parser = parse_secs_or_zero)]
     pub jetstream_replay: Option<Duration>,
+
+    /// Workers the threads are partitioned among (JetStream source only): each consumes its partition of one
+    /// stream that sources the class streams through a subject transform, and forwards reads of other threads to
+    /// their owner (HISTORY_VIEW_PEER_URL). 1: every worker holds every thread.
+    #[arg(long, env = "HISTORY_VIEW_PARTITIONS", default_value = "1", value_parser = parse_partitions)]
+    pub partitions: u32,
+
+    /// This worker's partition, 0 to HISTORY_VIEW_PARTITIONS - 1; by default the ordinal ending the host name (a
+    /// StatefulSet pod's, `chv-2`).
+    #[arg(long, env = "HISTORY_VIEW_PARTITION", value_parser = parse_partition)]
+    pub partition: Option<u32>,
+
+    /// The partitioned stream: no subjects of its own, it sources every class stream.
+    #[arg(long, env = "HISTORY_VIEW_JETSTREAM_STREAM", default_value = "CHAT_HISTORY_VIEW", value_parser = parse_stream_name)]
+    pub jetstream_stream: String,
+
+    /// Whether a partitioned worker creates the partitioned stream when it does not exist and adds each new class
+    /// stream to its sources; false: it only binds to a stream an operator made.
+    #[arg(long, env = "HISTORY_VIEW_JETSTREAM_CREATE_STREAM", default_value = "true", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub jetstream_create_stream: bool,
+
+    /// The first token of the partitioned stream's subjects: `<prefix>.<partition>.agent.…`.
+    #[arg(long, env = "HISTORY_VIEW_JETSTREAM_SUBJECT_PREFIX", default_value = "chv", value_parser = parse_token)]
+    pub jetstream_subject_prefix: String,
+
+    /// Seconds the partitioned stream keeps an event (it needs only the replay window of a restarting worker).
+    #[arg(long = "jetstream-max-age-secs", env = "HISTORY_VIEW_JETSTREAM_MAX_AGE_SECS", default_value = "300", value_parser = parse_secs)]
+    pub jetstream_max_age: Duration,
+
+    /// Most bytes the partitioned stream keeps (oldest events go first), with a unit as for the cache budget;
+    /// unset: no limit but the age.
+    #[arg(long, env = "HISTORY_VIEW_JETSTREAM_MAX_BYTES", value_parser = parse_bytes)]
+    pub jetstream_max_bytes: Option<u64>,
+
+    /// Replicas of the partitioned stream when the worker creates it.
+    #[arg(long, env = "HISTORY_VIEW_JETSTREAM_REPLICAS", default_value = "1", value_parser = parse_replicas)]
+    pub jetstream_replicas: usize,
+
+    /// Base URL of the worker owning partition {partition}, for reads of threads another worker owns (the request's
+    /// path and query are appended), e.g. http://chv-{partition}.chv-headless:8080.
+    #[arg(long, env = "HISTORY_VIEW_PEER_URL", value_parser = parse_peer_url)]
+    pub peer_url: Option<String>,
 
     /// Subject to subscribe to for display events.
     #[arg(long, env = "HISTORY_VIEW_SUBJECT", default_value = DEFAULT_SUBJECT, value_parser = parse_subject)]
@@ -177,7 +220,7 @@ impl Config {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let config = Self::try_parse_from(args)?;
+        let mut config = Self::try_parse_from(args)?;
         let checks = [
             (
                 "--nats-url (HISTORY_VIEW_NATS_URL)",
@@ -192,6 +235,12 @@ impl Config {
                 config.api_token.as_ref().map_or(Ok(()), check_token),
             ),
         ];
+        if let Err((setting, reason)) = config.resolve_partition(std::env::var("HOSTNAME").ok()) {
+            return Err(Self::command().error(
+                ErrorKind::ValueValidation,
+                format!("invalid value for {setting}: {reason}"),
+            ));
+        }
         for (setting, check) in checks {
             if let Err(reason) = check {
                 return Err(Self::command().error(
@@ -201,6 +250,61 @@ impl Config {
             }
         }
         Ok(config)
+    }
+
+    /// Checks the partition settings together and takes this worker's partition from `host` (the host name) when
+    /// it is not set.
+    fn resolve_partition(&mut self, host: Option<String>) -> Result<(), (&'static str, String)> {
+        const PARTITION: &str = "--partition (HISTORY_VIEW_PARTITION)";
+        if self.partitions == 1 {
+            return match self.partition {
+                Some(p) if p > 0 => Err((
+                    PARTITION,
+                    format!("is {p}, but HISTORY_VIEW_PARTITIONS is 1"),
+                )),
+                _ => Ok(()),
+            };
+        }
+        if self.source != Source::JetStream {
+            return Err((
+                "--partitions (HISTORY_VIEW_PARTITIONS)",
+                "needs HISTORY_VIEW_SOURCE=jetstream (the partitions are a JetStream subject transform)".into(),
+            ));
+        }
+        if self.peer_url.is_none() {
+            return Err((
+                "--peer-url (HISTORY_VIEW_PEER_URL)",
+                "must be set when HISTORY_VIEW_PARTITIONS > 1 (reads of other workers' threads go there)".into(),
+            ));
+        }
+        let partition = match self.partition {
+            Some(p) => p,
+            None => host.as_deref().and_then(ordinal).ok_or((
+                PARTITION,
+                "is not set and the host name ends in no ordinal (-<n>, as a StatefulSet pod's)"
+                    .into(),
+            ))?,
+        };
+        if partition >= self.partitions {
+            return Err((
+                PARTITION,
+                format!(
+                    "is {partition}, not below HISTORY_VIEW_PARTITIONS ({})",
+                    self.partitions
+                ),
+            ));
+        }
+        self.partition = Some(partition);
+        Ok(())
+    }
+
+    /// The partitioning of a partitioned worker; `None` with one partition.
+    pub fn partitioning(&self) -> Option<Partitioning> {
+        (self.partitions > 1).then(|| Partitioning {
+            partitions: self.partitions,
+            partition: self.partition.unwrap_or(0),
+            prefix: self.jetstream_subject_prefix.clone(),
+        })
     }
 
     /// The limits of the HTTP accept loop.
@@ -241,6 +345,18 @@ impl Config {
                 .jetstream_replay
                 .unwrap_or(self.persist_lag + DEFAULT_REPLAY_MARGIN),
             subject: self.subject.clone(),
+            partitioned: self.partitioning().map(|partitioning| {
+                (
+                    partitioning,
+                    StreamSettings {
+                        name: self.jetstream_stream.clone(),
+                        create: self.jetstream_create_stream,
+                        max_age: self.jetstream_max_age,
+                        max_bytes: self.jetstream_max_bytes,
+                        replicas: self.jetstream_replicas,
+                    },
+                )
+            }),
         }
     }
 
@@ -331,6 +447,69 @@ fn parse_stream_pattern(value: &str) -> Result<String, String> {
     } else {
         Ok(value.to_owned())
     }
+}
+
+/// A stream name: no `.`, `*`, `>`, space, path separators or control characters.
+fn parse_stream_name(value: &str) -> Result<String, String> {
+    if value.contains('*') {
+        return Err("must be a stream name (no *)".into());
+    }
+    parse_stream_pattern(value)
+}
+
+/// One subject token: no `.`, wildcards or whitespace.
+fn parse_token(value: &str) -> Result<String, String> {
+    if value.is_empty()
+        || value.contains(['.', '*', '>'])
+        || value.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        Err("must be one subject token (no . * > or whitespace)".into())
+    } else {
+        Ok(value.to_owned())
+    }
+}
+
+fn parse_partitions(value: &str) -> Result<u32, String> {
+    match parse_positive(value)? {
+        n if n > 1024 => Err("must be at most 1024".into()),
+        n => Ok(n as u32),
+    }
+}
+
+fn parse_partition(value: &str) -> Result<u32, String> {
+    match value.trim().parse::<u32>() {
+        Ok(n) if n < 1024 => Ok(n),
+        Ok(_) => Err("must be below 1024".into()),
+        Err(e) => Err(format!("must be a whole number: {e}")),
+    }
+}
+
+fn parse_replicas(value: &str) -> Result<usize, String> {
+    match parse_positive(value)? {
+        n if n > 5 => Err("must be at most 5 (JetStream's limit)".into()),
+        n => Ok(n as usize),
+    }
+}
+
+/// `http://host[:port][/base]` with `{partition}` somewhere in it.
+fn parse_peer_url(value: &str) -> Result<String, String> {
+    if !value.contains("{partition}") {
+        return Err("must contain {partition} (the owner's partition number goes there)".into());
+    }
+    let example = value.replace("{partition}", "0");
+    match url::Url::parse(&example) {
+        Ok(url) if url.scheme() == "http" && url.host().is_some() && url.query().is_none() => {
+            Ok(value.trim_end_matches('/').to_owned())
+        }
+        Ok(url) if url.scheme() != "http" => Err("must be an http:// URL (peers are reached inside the cluster)".into()),
+        _ => Err("must be an http:// base URL without a query, e.g. http://chv-{partition}.chv-headless:8080".into()),
+    }
+}
+
+/// The ordinal ending a StatefulSet pod's host name (`chv-2` is 2).
+fn ordinal(host: &str) -> Option<u32> {
+    let (_, number) = host.rsplit_once('-')?;
+    number.parse().ok()
 }
 
 fn parse_name(value: &str) -> Result<String, String> {
@@ -580,6 +759,94 @@ mod tests {
     }
 
     #[test]
+    fn partitioned_workers_are_jetstream_workers_with_peers_and_a_partition() {
+        let peers = [
+            "--source",
+            "jetstream",
+            "--peer-url",
+            "http://chv-{partition}.h:8080",
+        ];
+        let args = |extra: &[&'static str]| {
+            peers
+                .iter()
+                .chain(["--partitions", "3"].iter())
+                .chain(extra)
+                .copied()
+                .collect::<Vec<_>>()
+        };
+        let config = parse(&args(&["--partition", "2"])).unwrap();
+        let partitioning = config.partitioning().unwrap();
+        assert_eq!((partitioning.partitions, partitioning.partition), (3, 2));
+        assert_eq!(partitioning.prefix, "chv");
+        let (_, stream) = config.jetstream_settings().partitioned.unwrap();
+        assert_eq!(stream.name, "CHAT_HISTORY_VIEW");
+        assert_eq!(stream.max_age, Duration::from_secs(300));
+        assert!(stream.create && stream.max_bytes.is_none());
+        assert!(parse(&[]).unwrap().partitioning().is_none());
+
+        // The partition from a StatefulSet pod's host name.
+        let mut from_host =
+            Config::try_parse_from(std::iter::once("chat-history-view").chain(args(&[]))).unwrap();
+        from_host.resolve_partition(Some("chv-1".into())).unwrap();
+        assert_eq!(from_host.partitioning().unwrap().partition, 1);
+        let mut no_ordinal = from_host.clone();
+        no_ordinal.partition = None;
+        let (setting, _) = no_ordinal
+            .resolve_partition(Some("worker".into()))
+            .unwrap_err();
+        assert!(setting.contains("HISTORY_VIEW_PARTITION"));
+
+        for (args, setting) in [
+            (args(&["--partition", "3"]), "HISTORY_VIEW_PARTITION"),
+            (
+                vec![
+                    "--partitions",
+                    "2",
+                    "--partition",
+                    "0",
+                    "--peer-url",
+                    "http://p{partition}:1",
+                ],
+                "HISTORY_VIEW_PARTITIONS",
+            ),
+            (
+                vec![
+                    "--source",
+                    "jetstream",
+                    "--partitions",
+                    "2",
+                    "--partition",
+                    "0",
+                ],
+                "HISTORY_VIEW_PEER_URL",
+            ),
+            (vec!["--partition", "1"], "HISTORY_VIEW_PARTITION"),
+            (
+                vec!["--peer-url", "http://no-placeholder:8080"],
+                "--peer-url",
+            ),
+            (
+                vec!["--peer-url", "https://p{partition}:8080"],
+                "--peer-url",
+            ),
+            (vec!["--partitions", "0"], "--partitions"),
+            (
+                vec!["--jetstream-subject-prefix", "a.b"],
+                "--jetstream-subject-prefix",
+            ),
+            (vec!["--jetstream-stream", "A*"], "--jetstream-stream"),
+            (vec!["--jetstream-replicas", "6"], "--jetstream-replicas"),
+            (
+                vec!["--jetstream-max-bytes", "lots"],
+                "--jetstream-max-bytes",
+            ),
+        ] {
+            let error = parse(&args).unwrap_err().to_string();
+            assert!(error.contains(setting), "{args:?}: {error}");
+        }
+    }
+
+    #[test]
     fn srv_uris_are_accepted() {
         let config = parse(&[
             "--mongodb-uri",
@@ -608,6 +875,24 @@ mod tests {
                 "jetstream-replay-secs",
                 "HISTORY_VIEW_JETSTREAM_REPLAY_SECS",
             ),
+            ("partitions", "HISTORY_VIEW_PARTITIONS"),
+            ("partition", "HISTORY_VIEW_PARTITION"),
+            ("jetstream-stream", "HISTORY_VIEW_JETSTREAM_STREAM"),
+            (
+                "jetstream-create-stream",
+                "HISTORY_VIEW_JETSTREAM_CREATE_STREAM",
+            ),
+            (
+                "jetstream-subject-prefix",
+                "HISTORY_VIEW_JETSTREAM_SUBJECT_PREFIX",
+            ),
+            (
+                "jetstream-max-age-secs",
+                "HISTORY_VIEW_JETSTREAM_MAX_AGE_SECS",
+            ),
+            ("jetstream-max-bytes", "HISTORY_VIEW_JETSTREAM_MAX_BYTES"),
+            ("jetstream-replicas", "HISTORY_VIEW_JETSTREAM_REPLICAS"),
+            ("peer-url", "HISTORY_VIEW_PEER_URL"),
             ("subject", "HISTORY_VIEW_SUBJECT"),
             (
                 "nats-subscription-capacity",

@@ -102,7 +102,12 @@ impl Ingest {
 
     /// One message: subject → delivery key → family filter and decode → its thread's view.
     pub async fn handle(&self, message: Message) {
-        if let Some(outcome) = self.apply(&message.subject, &message.payload).await {
+        self.handle_event(&message.subject, &message.payload).await;
+    }
+
+    /// One event by its display-event subject and payload.
+    pub async fn handle_event(&self, subject: &str, payload: &[u8]) {
+        if let Some(outcome) = self.apply(subject, payload).await {
             self.metrics.event(outcome);
         }
     }

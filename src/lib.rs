@@ -28,6 +28,7 @@ pub mod http;
 pub mod ingest;
 pub mod jetstream;
 pub mod metrics;
+pub mod partition;
 pub mod project;
 pub mod readiness;
 pub mod setting;

@@ -126,6 +126,31 @@ impl ResumeOutcome {
     }
 }
 
+/// How a history read was routed among partitioned workers ([design 8](../docs/design.md#8)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadRoute {
+    /// This worker owns the thread.
+    Local,
+    /// Answered by the owner.
+    Forwarded,
+    /// The owner did not answer in time: answered from the store, not cached.
+    OwnerUnreachable,
+    /// A forwarded read for a thread this worker does not own either (workers disagree on the partition count):
+    /// answered from the store, not cached, never forwarded again.
+    Loop,
+}
+
+impl ReadRoute {
+    fn label(self) -> &'static str {
+        match self {
+            ReadRoute::Local => "local",
+            ReadRoute::Forwarded => "forwarded",
+            ReadRoute::OwnerUnreachable => "owner_unreachable",
+            ReadRoute::Loop => "loop",
+        }
+    }
+}
+
 /// Handles to every metric; cloning is cheap (one `Arc`).
 #[derive(Clone)]
 pub struct Metrics {
@@ -164,6 +189,7 @@ struct Inner {
     jetstream_last_sequence: IntGaugeVec,
     jetstream_pending: IntGaugeVec,
     jetstream_resumes: IntCounterVec,
+    read_routes: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -391,6 +417,13 @@ impl Metrics {
                     &["outcome"],
                 ),
             ),
+            read_routes: register(&registry, &mut described,
+                counter_vec(
+                    "history_view_read_routes_total",
+                    "Partitioned workers: history reads by route (local, forwarded, owner_unreachable, loop)",
+                    &["route"],
+                ),
+            ),
             registry,
             described,
         };
@@ -508,6 +541,14 @@ impl Metrics {
             .with_label_values(&[result.label()])
             .inc();
     }
+    /// A history read routed by partition.
+    pub fn read_route(&self, route: ReadRoute) {
+        self.inner
+            .read_routes
+            .with_label_values(&[route.label()])
+            .inc();
+    }
+
     pub fn jetstream_resume(&self, outcome: ResumeOutcome) {
         self.inner
             .jetstream_resumes
@@ -582,7 +623,7 @@ mod tests {
     /// Dashboards and alerts name these metrics and labels: a rename here is a breaking change for operators.
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 27] = [
+        let pinned: [(&str, &[&str]); 28] = [
             ("history_view_events_total", &["outcome"]),
             ("history_view_cache_hits_total", &[]),
             ("history_view_cache_misses_total", &[]),
@@ -610,6 +651,7 @@ mod tests {
             ("history_view_jetstream_last_sequence", &["stream"]),
             ("history_view_jetstream_pending", &["stream"]),
             ("history_view_jetstream_resumes_total", &["outcome"]),
+            ("history_view_read_routes_total", &["route"]),
         ];
         let metrics = Metrics::new();
         let described: Vec<(&str, Vec<&str>)> = metrics

@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::cache::ViewCache;
 use crate::config::{Config, Source};
 use crate::coverage::Coverage;
-use crate::http::{AppState, TokenDigest, accept_loop, reserve_router, router};
+use crate::http::{AppState, Peers, TokenDigest, accept_loop, reserve_router, router};
 use crate::ingest::{self, Ingest, ProbeSubscription};
 use crate::jetstream::JetStreamSource;
 use crate::metrics::Metrics;
@@ -120,6 +120,13 @@ impl Application {
             api_token: config.api_token.as_ref().map(TokenDigest::new),
             reads: Arc::new(Semaphore::new(config.http_max_in_flight)),
             openapi: openapi_json()?,
+            peers: config.partitioning().map(|partitioning| {
+                Peers::new(
+                    partitioning,
+                    config.peer_url.clone().unwrap_or_default(),
+                    config.store_timeout,
+                )
+            }),
         };
         Ok(Self {
             config,
@@ -182,7 +189,13 @@ impl Application {
                 .ping_store_until(store, stop.clone()),
         );
         let mut ingest_task = match subscriber {
-            Some(subscriber) => tracker.spawn(ingest.run(subscriber, stop.clone())),
+            Some(subscriber) => {
+                let run = ingest.run(subscriber, stop.clone());
+                tracker.spawn(async move {
+                    run.await
+                        .map_err(|()| anyhow::anyhow!("the NATS subscription ended"))
+                })
+            }
             None => {
                 state.readiness.set_subscribed(true);
                 let source = JetStreamSource::new(
@@ -193,10 +206,7 @@ impl Application {
                     config.jetstream_settings(),
                 );
                 let stop = stop.clone();
-                tracker.spawn(async move {
-                    source.run(stop).await;
-                    Ok(())
-                })
+                tracker.spawn(source.run(stop))
             }
         };
         let state_views = state.views.clone();
@@ -216,7 +226,8 @@ impl Application {
         let outcome = tokio::select! {
             () = shutdown => Ok(()),
             result = &mut ingest_task => match result {
-                Ok(_) => Err(anyhow::anyhow!("the NATS subscription or the JetStream source ended")),
+                Ok(Ok(())) => Err(anyhow::anyhow!("the NATS subscription or the JetStream source ended")),
+                Ok(Err(error)) => Err(error),
                 Err(join) => Err(anyhow::Error::new(join).context("the ingest task failed")),
             },
             result = &mut server_task => match result {

@@ -8,11 +8,13 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::entry::Entry;
+use super::render::{Answer, Rendering, Source};
 use super::work::{Begin, Outcome, Ticket};
 use super::{LimitPath, ReadError, ViewCache};
 use crate::coverage::{Stamp, Verdict};
 use crate::decode::ViewEvent;
 use crate::metrics::RereadResult;
+use crate::project::Identity;
 use crate::store::{Bounds, Hydration, StoreError, StoreReads, VisibleDisplays};
 use crate::view::{ThreadView, ViewState, display_bytes};
 
@@ -108,6 +110,37 @@ impl<S: StoreReads> ViewCache<S> {
             self.schedule_fill(entry);
         }
         Ok(())
+    }
+
+    /// Answers a read of a thread this worker must not cache (a partitioned worker's read of another worker's
+    /// thread) from the store alone, bounded like a hydration: a slot, the store timeout, the per-thread limit.
+    ///
+    /// # Errors
+    /// [`ReadError`] as for a hydration.
+    pub async fn read_uncached(
+        &self,
+        thread_id: &str,
+        primary: Option<&Identity>,
+    ) -> Result<Answer, ReadError> {
+        let deadline = Instant::now() + self.settings.store_timeout;
+        let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
+        else {
+            self.metrics.hydration_slot_timeout();
+            return Err(ReadError::Busy);
+        };
+        let (visible, events) = self
+            .read_thread(thread_id, Hydration::OnRead, deadline)
+            .await?;
+        let mut view = ThreadView::hydrated(events, visible.displays, ThreadView::new());
+        Ok(
+            Rendering::default().render(
+                thread_id,
+                &mut view,
+                primary,
+                Source::Store,
+                &self.metrics,
+            ),
+        )
     }
 
     /// The two-stage query of `thread_id` ([contract 4](../../docs/contract.md#4)) within `deadline` and

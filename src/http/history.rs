@@ -5,13 +5,14 @@ use std::time::Instant;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use md5::{Digest, Md5};
 use serde::Deserialize;
 
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, FORWARDED_HEADER};
 use crate::cache::Answer;
+use crate::metrics::ReadRoute;
 use crate::project::Identity;
 
 /// The response header saying where a history came from: `cache` or `store`.
@@ -95,6 +96,7 @@ pub async fn get_history(
     path: Result<Path<String>, PathRejection>,
     RawQuery(raw_query): RawQuery,
     query: Result<Query<HistoryQuery>, QueryRejection>,
+    uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
@@ -106,13 +108,69 @@ pub async fn get_history(
         thread_id = ThreadId::parse(canonical_object_id(thread_id.as_str()))?;
     }
     let primary = query.identity()?;
-    let answer = state
-        .views
-        .read(thread_id.as_str(), primary.as_ref())
-        .await
-        .map_err(|error| ApiError::from_read(error, thread_id.as_str()))?;
+    let thread = thread_id.as_str();
+    let answer = match route(&state, thread, &headers) {
+        Route::Local => state.views.read(thread, primary.as_ref()).await,
+        Route::Owner(partition) => match forward(&state, partition, &uri, &headers).await {
+            Some(response) => return Ok(response),
+            None => state.views.read_uncached(thread, primary.as_ref()).await,
+        },
+        Route::Store => state.views.read_uncached(thread, primary.as_ref()).await,
+    }
+    .map_err(|error| ApiError::from_read(error, thread))?;
     state.metrics.read(answer.source.label(), started.elapsed());
     Ok(respond(answer, &headers))
+}
+
+/// Where a read is answered.
+enum Route {
+    /// By this worker, through its cache.
+    Local,
+    /// By the worker of this partition, forwarded.
+    Owner(u32),
+    /// From the store, without caching: a forwarded read of a thread this worker does not own either.
+    Store,
+}
+
+/// Routes a read among partitioned workers (every read is local with one partition), counting the route.
+fn route(state: &AppState, thread_id: &str, headers: &HeaderMap) -> Route {
+    let Some(peers) = &state.peers else {
+        return Route::Local;
+    };
+    let route = match peers.owner_elsewhere(thread_id) {
+        None => Route::Local,
+        Some(_) if headers.contains_key(FORWARDED_HEADER) => Route::Store,
+        Some(owner) => return Route::Owner(owner),
+    };
+    state.metrics.read_route(match route {
+        Route::Local => ReadRoute::Local,
+        _ => ReadRoute::Loop,
+    });
+    route
+}
+
+/// The owner's answer to a forwarded read, passed back as it is; `None` when it gave none in time (the caller
+/// answers from the store).
+async fn forward(
+    state: &AppState,
+    partition: u32,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Option<Response> {
+    let peers = state.peers.as_ref()?;
+    match peers.forward(partition, uri, headers).await {
+        Ok(response) => {
+            state.metrics.read_route(ReadRoute::Forwarded);
+            Some(response)
+        }
+        Err(error) => {
+            state.metrics.read_route(ReadRoute::OwnerUnreachable);
+            if peers.warnings.allow() {
+                tracing::warn!(partition, %error, "the owner of a thread did not answer a forwarded read; answering from the store");
+            }
+            None
+        }
+    }
 }
 
 /// Refuses a query string whose names or values do not percent-decode to UTF-8 (the form decoder behind `Query`

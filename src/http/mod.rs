@@ -4,6 +4,7 @@
 mod error;
 mod history;
 mod operations;
+mod route;
 mod serve;
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use tokio::sync::Semaphore;
 
 pub use error::ApiError;
 pub use history::{SOURCE_HEADER, ThreadId, canonical_object_id};
+pub use route::{FORWARDED_HEADER, Peers};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
 
 use crate::cache::ViewCache;
@@ -39,6 +41,8 @@ pub struct AppState {
     pub openapi: Bytes,
     /// One permit per history read answered at once (`HISTORY_VIEW_HTTP_MAX_IN_FLIGHT`).
     pub reads: Arc<Semaphore>,
+    /// Partitioned workers: the owner of each thread and how to reach it; `None` with one partition.
+    pub peers: Option<Peers>,
 }
 
 impl AppState {

@@ -27,14 +27,28 @@ impl WorkerProcess {
         args: Vec<OsString>,
         env: Vec<(String, String)>,
     ) -> Self {
+        Self::start_on(free_port(), program, args, env).await
+    }
+
+    /// [`WorkerProcess::start`] listening on `port` (partitioned workers' ports are known to their peers).
+    pub async fn start_on(
+        port: u16,
+        program: impl Into<OsString>,
+        args: Vec<OsString>,
+        env: Vec<(String, String)>,
+    ) -> Self {
         let program = program.into();
-        tokio::task::spawn_blocking(move || Self::start_blocking(program, args, env))
+        tokio::task::spawn_blocking(move || Self::start_blocking(port, program, args, env))
             .await
             .expect("the worker starts")
     }
 
-    fn start_blocking(program: OsString, args: Vec<OsString>, env: Vec<(String, String)>) -> Self {
-        let port = free_port();
+    fn start_blocking(
+        port: u16,
+        program: OsString,
+        args: Vec<OsString>,
+        env: Vec<(String, String)>,
+    ) -> Self {
         let defaults = [
             ("HISTORY_VIEW_LISTEN", format!("127.0.0.1:{port}")),
             ("HISTORY_VIEW_LOG_FORMAT", "json".to_owned()),

@@ -355,11 +355,29 @@ impl BinaryApp {
         args: Vec<OsString>,
         env: &[(&str, String)],
     ) -> Self {
+        Self::start_command_on(None, program, args, env).await
+    }
+
+    /// [`BinaryApp::start`] listening on `port` (a free one when `None`).
+    pub async fn start_on(port: u16, env: &[(&str, String)]) -> Self {
+        let binary = Path::new(env!("CARGO_BIN_EXE_chat-history-view"));
+        Self::start_command_on(Some(port), binary.as_os_str().to_owned(), Vec::new(), env).await
+    }
+
+    async fn start_command_on(
+        port: Option<u16>,
+        program: OsString,
+        args: Vec<OsString>,
+        env: &[(&str, String)],
+    ) -> Self {
         let env = env
             .iter()
             .map(|(name, value)| ((*name).to_owned(), value.clone()))
             .collect();
-        let worker = WorkerProcess::start(program, args, env).await;
+        let worker = match port {
+            Some(port) => WorkerProcess::start_on(port, program, args, env).await,
+            None => WorkerProcess::start(program, args, env).await,
+        };
         Self {
             api: Api::new(worker.base_url()),
             worker,

@@ -48,3 +48,5 @@ mod links;
 mod jetstream;
 // mongodb+srv:// URIs: started before the name resolves, ready once it does (a DNS responder of its own).
 mod srv;
+// Partitioned workers on a JetStream subject transform.
+mod partitioned;

@@ -4,7 +4,7 @@
 //! server is not a gap. The worker creates no stream (nats-server refuses one overlapping aihub's) and only
 //! ephemeral consumers. Events go through the Core path's subject → decode → view ([`Ingest::handle`]).
 //!
-//! What is a gap is decided on every resume, as [design 2.1](../docs/design.md#2.1) argues: the stream kept its
+//! What is a gap is decided on every resume, as [design 2.1](../../docs/design.md#2.1) argues: the stream kept its
 //! identity (same creation time, same leader) and still holds the message after the last one applied, or it is a
 //! gap ([`Coverage::gap`]). A resumed consumer is behind until it has delivered what the stream held
 //! ([`crate::coverage::CatchUp`]): complete views are served from memory only then.
@@ -23,7 +23,14 @@ use tokio_util::sync::CancellationToken;
 use crate::coverage::Coverage;
 use crate::ingest::Ingest;
 use crate::metrics::{Metrics, ResumeOutcome};
+use crate::partition::{Partitioning, StreamSettings};
 
+mod partitioned;
+
+/// A source of the partitioned stream that has not been heard from for this long is stalled: the worker is behind
+/// until it is active again with nothing left to copy (nats-server hears from a healthy source every second or so,
+/// idle or not).
+const SOURCE_STALL: Duration = Duration::from_secs(5);
 /// How often the class streams are listed (new ones are consumed) and each consumed stream's identity is checked.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the server sends an idle heartbeat to a pull consumer's request; two missed ones end the loop, which
@@ -50,6 +57,9 @@ pub struct JetStreamSettings {
     /// `HISTORY_VIEW_SUBJECT`: the display-event subjects; each stream is consumed on its subjects' intersection
     /// with it.
     pub subject: String,
+    /// `HISTORY_VIEW_PARTITIONS` > 1: this worker's partition and the partitioned stream it consumes instead of the
+    /// class streams.
+    pub partitioned: Option<(Partitioning, StreamSettings)>,
 }
 
 /// The JetStream source. Cloning is cheap.
@@ -67,6 +77,10 @@ struct Inner {
     /// The streams a consumer loop runs for. A loop whose stream was deleted takes its name out, so that a stream
     /// created again under it is found and consumed as a new one.
     consumed: Mutex<HashSet<String>>,
+    /// Partitioned: class streams that are no source of the partitioned stream, and sources of it that stalled;
+    /// each keeps the worker behind.
+    unsourced: Mutex<HashSet<String>>,
+    stalled: Mutex<HashSet<String>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -126,14 +140,30 @@ impl JetStreamSource {
                 metrics,
                 settings,
                 consumed: Mutex::new(HashSet::new()),
+                unsourced: Mutex::new(HashSet::new()),
+                stalled: Mutex::new(HashSet::new()),
             }),
+        }
+    }
+
+    /// Consumes the class streams, or this worker's partition of the partitioned stream, until `stop`.
+    ///
+    /// # Errors
+    /// The partitioned stream was made for another partition count or prefix.
+    pub async fn run(self, stop: CancellationToken) -> anyhow::Result<()> {
+        match self.inner.settings.partitioned.clone() {
+            Some((partitioning, stream)) => self.run_partitioned(partitioning, stream, stop).await,
+            None => {
+                self.run_class_streams(stop).await;
+                Ok(())
+            }
         }
     }
 
     /// Consumes the class streams until `stop`: the first listing replays each stream from the replay window and
     /// starts coverage; a stream listed later is consumed from its start, after a gap (events of its class
     /// published before it existed were captured by no stream).
-    pub async fn run(self, stop: CancellationToken) {
+    async fn run_class_streams(self, stop: CancellationToken) {
         let replay_from = SystemTime::now() - self.inner.settings.replay;
         let mut started = false;
         loop {
@@ -281,7 +311,11 @@ impl JetStreamSource {
             }
         };
         let deliver_policy = self.resume_policy(name, start, position, &info);
-        let filter_subjects = filter_subjects(&info.config.subjects, &self.inner.settings.subject);
+        let partitioning = self.inner.settings.partitioned.as_ref().map(|(p, _)| p);
+        let filter_subjects = match partitioning {
+            Some(partitioning) => vec![partitioning.filter_subject()],
+            None => filter_subjects(&info.config.subjects, &self.inner.settings.subject),
+        };
         if filter_subjects.is_empty() {
             tracing::warn!(
                 stream = name,
@@ -345,10 +379,18 @@ impl JetStreamSource {
                     }
                     // Asked after the stream's state: nothing pending means every message up to its last one then
                     // was read, so a later loss of older (filtered-out) messages is no loss.
-                    if let Ok(info) = consumer.info().await
+                    let consumer_info = consumer.info().await.ok();
+                    if let Some(info) = &consumer_info
                         && info.num_pending == 0
                     {
                         position.floor = position.floor.max(now.state.last_sequence + 1);
+                    }
+                    if partitioning.is_some() {
+                        let drained = consumer_info.is_some_and(|info| {
+                            info.num_pending == 0
+                                && position.last_applied.unwrap_or(0) >= info.delivered.stream_sequence
+                        });
+                        self.judge_sources(&now, drained);
                     }
                 }
                 message = messages.next() => {
@@ -371,7 +413,9 @@ impl JetStreamSource {
                         return Ended::Resume { progressed: delivered > 0 };
                     }
                     delivered = consumer_sequence;
-                    self.inner.ingest.handle(message.message).await;
+                    let subject = message.subject.as_str();
+                    let subject = partitioning.and_then(|p| p.original_subject(subject)).unwrap_or(subject);
+                    self.inner.ingest.handle_event(subject, &message.payload).await;
                     if let Some(position) = position.as_mut() {
                         position.last_applied = Some(stream_sequence);
                     }
@@ -386,8 +430,33 @@ impl JetStreamSource {
 
     /// A gap: every complete view is partial from now on ([`Coverage::gap`]), counted as a resume outcome.
     fn record_gap(&self) {
+        self.record_gap_at(self.inner.coverage.now());
+    }
+
+    fn record_gap_at(&self, at: crate::coverage::Stamp) {
         self.inner.metrics.jetstream_resume(ResumeOutcome::Gap);
-        self.inner.coverage.gap(self.inner.coverage.now());
+        self.inner.coverage.gap(at);
+    }
+
+    /// The partitioned stream's sources: one not heard from for [`SOURCE_STALL`] keeps the worker behind until it
+    /// is active again, has nothing left to copy and the consumer has applied what it delivered (`drained`): the
+    /// events it holds back reach the stream once it recovers, but a view served meanwhile would lack them.
+    fn judge_sources(&self, info: &Info, drained: bool) {
+        let catch_up = self.inner.coverage.catch_up();
+        let mut stalled = lock(&self.inner.stalled);
+        for source in &info.sources {
+            let key = format!("stalled:{}", source.name);
+            let stale = source.active.is_none_or(|active| active > SOURCE_STALL);
+            if stale {
+                if stalled.insert(source.name.clone()) {
+                    tracing::warn!(source = %source.name, "a source of the partitioned stream stalled: reads go to the store until it recovers");
+                    catch_up.track(&key);
+                }
+            } else if source.lag == 0 && drained && stalled.remove(&source.name) {
+                tracing::info!(source = %source.name, "a stalled source of the partitioned stream recovered");
+                catch_up.forget(&key);
+            }
+        }
     }
 
     /// Where the next consumer starts, and whether this resume is a gap (counted and recorded here).

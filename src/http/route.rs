@@ -1,0 +1,137 @@
+//! Partitioned workers ([design 8](../../docs/design.md#8)): a read of a thread another worker owns is forwarded to
+//! it (`HISTORY_VIEW_PEER_URL`), with the caller's query, token and validators, and its answer passed back as it
+//! is. A forwarded read carries [`FORWARDED_HEADER`], so it is never forwarded again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderName, Request, Response, Uri, header};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::partition::Partitioning;
+use crate::telemetry::RateLimit;
+
+/// Marks a forwarded read (its value: the forwarding worker's partition).
+pub const FORWARDED_HEADER: &str = "x-history-forwarded";
+
+/// The request headers a forwarded read carries to the owner.
+const PASSED_ON: [HeaderName; 2] = [header::AUTHORIZATION, header::IF_NONE_MATCH];
+
+/// Response headers that belong to one connection, not to the answer.
+const HOP_BY_HOP: [HeaderName; 4] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::CONTENT_LENGTH,
+    HeaderName::from_static("keep-alive"),
+];
+
+/// The other workers of a partitioned deployment. Cloning is cheap.
+#[derive(Clone)]
+pub struct Peers {
+    pub partitioning: Partitioning,
+    /// `HISTORY_VIEW_PEER_URL`, with `{partition}`.
+    url: String,
+    /// How long the owner may take (the read's store timeout: the owner answers within it itself).
+    timeout: Duration,
+    client: Client<HttpConnector, Empty<Bytes>>,
+    /// At most one warning a second about owners that did not answer.
+    pub warnings: Arc<RateLimit>,
+}
+
+/// Why a forwarded read got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("the owner's URL is not valid: {0}")]
+    Url(String),
+    #[error("the owner did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the owner could not be reached: {0}")]
+    Unreachable(String),
+}
+
+impl Peers {
+    pub fn new(partitioning: Partitioning, url: String, timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Self {
+            partitioning,
+            url,
+            timeout,
+            client,
+            warnings: Arc::default(),
+        }
+    }
+
+    /// The partition owning `thread_id` unless it is this worker's.
+    pub fn owner_elsewhere(&self, thread_id: &str) -> Option<u32> {
+        let owner = crate::partition::owner(thread_id, self.partitioning.partitions);
+        (owner != self.partitioning.partition).then_some(owner)
+    }
+
+    /// Forwards the read `uri` (path and query as the caller sent them) to the worker of `partition`, and returns
+    /// its answer, whatever its status.
+    ///
+    /// # Errors
+    /// [`ForwardError`] when no answer came in time.
+    pub async fn forward(
+        &self,
+        partition: u32,
+        uri: &Uri,
+        headers: &HeaderMap,
+    ) -> Result<Response<Body>, ForwardError> {
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let target = format!(
+            "{}{path}",
+            self.url.replace("{partition}", &partition.to_string())
+        );
+        let mut request = Request::get(&target)
+            .header(FORWARDED_HEADER, self.partitioning.partition)
+            .body(Empty::new())
+            .map_err(|e| ForwardError::Url(e.to_string()))?;
+        for name in PASSED_ON {
+            for value in headers.get_all(&name) {
+                request.headers_mut().append(name.clone(), value.clone());
+            }
+        }
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| ForwardError::Unreachable(error_chain(&e)))?;
+            let (mut parts, body) = response.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map_err(|e| ForwardError::Unreachable(e.to_string()))?
+                .to_bytes();
+            for name in HOP_BY_HOP {
+                parts.headers.remove(name);
+            }
+            Ok(Response::from_parts(parts, Body::from(body)))
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| ForwardError::Timeout(self.timeout))?
+    }
+}
+
+/// An error and its sources, for a log line (the client's own message says only "client error").
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}

@@ -1,0 +1,501 @@
+//! Partitioned workers (`HISTORY_VIEW_PARTITIONS`) on a 3-node JetStream cluster: the owner of a thread is the
+//! partition nats-server's `partition()` routes it to; three workers answer every thread (the conformance cases,
+//! random threads) through any worker, each receiving exactly its partition; a class stream appearing mid-run; the
+//! owner frozen, killed and restarted; workers that disagree on the partition count.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use chat_history_view::partition::{Partitioning, StreamSettings, owner};
+use chat_history_view::project::project;
+use futures_util::StreamExt;
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::TestRunner;
+use serde_json::Value;
+
+use crate::cases;
+use crate::conformance::{check, query};
+use crate::helpers::{
+    Api, BinaryApp, Reply, TestStore, metric, publish_rows, turns, unique, user_row,
+};
+use crate::projector::decode_rows;
+use crate::scene::{now_ns, read_until_cache, wait_metric};
+use crate::threads;
+use test_support::class_streams::{create_class_streams, create_replicated_class_streams};
+use test_support::scrape::metric_sum;
+use test_support::servers::{MongoServer, NatsCluster, NatsServer};
+
+#[tokio::test]
+async fn the_owner_of_a_thread_is_the_partition_nats_server_routes_it_to() {
+    let nats = NatsServer::start();
+    create_class_streams(&nats.url(), ["A".into()]).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let context = jetstream::new(client.clone());
+    let partitioning = Partitioning {
+        partitions: 7,
+        partition: 0,
+        prefix: "chv".into(),
+    };
+    let settings = StreamSettings {
+        name: "CHAT_HISTORY_VIEW".into(),
+        create: true,
+        max_age: Duration::from_secs(300),
+        max_bytes: None,
+        replicas: 1,
+    };
+    context
+        .create_stream(settings.config(vec![partitioning.source(
+            "agent_A_stream",
+            std::time::SystemTime::now() - Duration::from_secs(5),
+        )]))
+        .await
+        .unwrap();
+    let mut expected = HashMap::new();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for i in 0..10_000 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let len = 1 + (rng % 40) as usize;
+        // Printable ASCII but the subject's own characters, and now and then a multi-byte character.
+        let thread: String = (0..len)
+            .map(|j| {
+                let c = ((rng >> (j % 8 * 8)) as u8).wrapping_add(j as u8) % 95 + 33;
+                match c {
+                    b'.' | b'*' | b'>' => 'x',
+                    127 => 'é',
+                    c => c as char,
+                }
+            })
+            .collect();
+        let event = format!("e{i}");
+        expected.insert(event.clone(), owner(&thread, 7));
+        client
+            .publish(
+                format!("agent.A.a.{thread}.d.r.display_event.UserMessage.{event}"),
+                "{}".into(),
+            )
+            .await
+            .unwrap();
+    }
+    client.flush().await.unwrap();
+    let mut stream = context.get_stream("CHAT_HISTORY_VIEW").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream.info().await.unwrap().state.messages < 10_000 {
+        assert!(
+            Instant::now() < deadline,
+            "the stream did not source every event"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            ack_policy: jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = consumer.messages().await.unwrap().take(10_000);
+    let mut seen = 0;
+    while let Some(message) = messages.next().await {
+        let message = message.unwrap();
+        let subject = message.subject.as_str();
+        let mut tokens = subject.splitn(3, '.');
+        assert_eq!(tokens.next(), Some("chv"));
+        let partition: u32 = tokens.next().unwrap().parse().unwrap();
+        let event = subject.rsplit('.').next().unwrap();
+        assert_eq!(expected[event], partition, "{subject}");
+        seen += 1;
+    }
+    assert_eq!(seen, 10_000);
+}
+
+/// A digit prefix `p` such that ports `p0`, `p1`, … (one per partition) are free on 127.0.0.1: a peer URL
+/// template `http://127.0.0.1:p{partition}` reaches every worker, as `http://chv-{partition}.chv-headless:8080`
+/// does in Kubernetes.
+fn port_prefix(partitions: u16) -> u16 {
+    let start = (std::process::id() % 3000) as u16;
+    (0..3000u16)
+        .map(|i| 2000 + (start + i * 7) % 4000)
+        .find(|prefix| {
+            (0..partitions).all(|k| TcpListener::bind(("127.0.0.1", prefix * 10 + k)).is_ok())
+        })
+        .expect("free ports")
+}
+
+/// A partitioned deployment: a 3-node cluster with aihub's class streams (3 replicas), a store, a publisher, and
+/// worker `k` of `partitions` on port `<prefix>k`, reaching the cluster through server `k % 3`.
+struct Deployment {
+    cluster: NatsCluster,
+    _mongo: MongoServer,
+    mongo_uri: String,
+    database: String,
+    store: TestStore,
+    publisher: async_nats::Client,
+    partitions: u16,
+    prefix: u16,
+    workers: Vec<Option<BinaryApp>>,
+}
+
+impl Deployment {
+    async fn new(classes: BTreeSet<String>) -> Self {
+        let cluster = tokio::task::block_in_place(|| NatsCluster::start(3));
+        create_replicated_class_streams(&cluster.servers[0].url(), classes, 3).await;
+        let mongo = MongoServer::start();
+        let database = unique("part");
+        let store = TestStore::connect(&mongo.uri(), &database).await;
+        store.create_aihub_indexes().await;
+        let publisher = async_nats::connect(cluster.servers[1].url())
+            .await
+            .expect("publisher");
+        Self {
+            cluster,
+            mongo_uri: mongo.uri(),
+            _mongo: mongo,
+            database,
+            store,
+            publisher,
+            partitions: 3,
+            prefix: port_prefix(3),
+            workers: Vec::new(),
+        }
+    }
+
+    /// The settings of worker `partition` of `partitions`, with `extra`.
+    fn env(
+        &self,
+        partition: u16,
+        partitions: u16,
+        extra: &[(&'static str, &str)],
+    ) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            (
+                "HISTORY_VIEW_NATS_URL",
+                self.cluster.servers[usize::from(partition) % 3].url(),
+            ),
+            ("HISTORY_VIEW_MONGODB_URI", self.mongo_uri.clone()),
+            ("HISTORY_VIEW_MONGODB_DATABASE", self.database.clone()),
+            ("HISTORY_VIEW_SOURCE", "jetstream".into()),
+            ("HISTORY_VIEW_PARTITIONS", partitions.to_string()),
+            ("HISTORY_VIEW_PARTITION", partition.to_string()),
+            ("HISTORY_VIEW_JETSTREAM_REPLICAS", "1".into()),
+            (
+                "HISTORY_VIEW_PEER_URL",
+                format!("http://127.0.0.1:{}{{partition}}", self.prefix),
+            ),
+            ("HISTORY_VIEW_STORE_TIMEOUT_MS", "1500".into()),
+        ];
+        env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        env
+    }
+
+    /// Starts (or restarts) worker `partition`, ready.
+    async fn start(&mut self, partition: u16) {
+        let env = self.env(partition, self.partitions, &[]);
+        let app = BinaryApp::start_on(self.prefix * 10 + partition, &env).await;
+        app.wait_ready().await;
+        let slot = usize::from(partition);
+        if self.workers.len() <= slot {
+            self.workers.resize_with(slot + 1, || None);
+        }
+        self.workers[slot] = Some(app);
+    }
+
+    async fn start_all(&mut self) {
+        for k in 0..self.partitions {
+            self.start(k).await;
+        }
+    }
+
+    fn api(&self, partition: u32) -> &Api {
+        &self.workers[partition as usize]
+            .as_ref()
+            .expect("the worker runs")
+            .api
+    }
+
+    fn apis(&self) -> impl Iterator<Item = &Api> {
+        self.workers.iter().flatten().map(|w| &w.api)
+    }
+
+    /// A fresh Core worker's cold read of `thread` from the store.
+    async fn cold_read(&self, thread: &str, query: &str) -> Reply {
+        let cold = BinaryApp::start(&[
+            ("HISTORY_VIEW_NATS_URL", self.cluster.servers[2].url()),
+            ("HISTORY_VIEW_MONGODB_URI", self.mongo_uri.clone()),
+            ("HISTORY_VIEW_MONGODB_DATABASE", self.database.clone()),
+            ("HISTORY_VIEW_MONGODB_INDEX_HINT", String::new()),
+        ])
+        .await;
+        cold.wait_ready().await;
+        let reply = cold.api.history(thread, query).await;
+        assert_eq!(reply.source(), Some("store"));
+        reply
+    }
+}
+
+fn classes(rows: &[Value]) -> BTreeSet<String> {
+    rows.iter()
+        .filter_map(|row| row["agent_class"].as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn events_received(api: &Api) -> f64 {
+    metric_sum(&api.metrics().await, "history_view_events_total")
+}
+
+fn routes(metrics: &str, route: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("history_view_read_routes_total{{route=\"{route}\"}}"),
+    )
+}
+
+/// The conformance cases (each on a thread of its own) and random threads, published through the class streams
+/// into the partitioned stream: every worker receives exactly its partition's events, and every thread read
+/// through every worker equals the reference; then a cold read from the store agrees, and a class stream created
+/// mid-run is picked up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_partitioned_workers_answer_every_thread_through_any_worker() {
+    let cases: Vec<cases::Case> = cases::load("live")
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut case)| {
+            // A thread of its own per case; rows of the case's other threads stay in other threads.
+            let thread = format!("case-{i}");
+            for row in &mut case.rows {
+                let original = row["thread_id"].as_str().unwrap_or_default().to_owned();
+                row["thread_id"] = Value::String(if original == case.thread_id {
+                    thread.clone()
+                } else {
+                    format!("{thread}-{original}")
+                });
+            }
+            case.thread_id = thread;
+            case
+        })
+        .collect();
+    let mut runner = TestRunner::deterministic();
+    let generated: Vec<(String, threads::Thread)> = (0..30)
+        .map(|i| {
+            let id = format!("part-conv-{i}");
+            let thread = threads::thread(id.clone())
+                .new_tree(&mut runner)
+                .expect("a thread")
+                .current();
+            (id, thread)
+        })
+        .collect();
+    let mut rows: Vec<Value> = cases.iter().flat_map(|c| c.rows.clone()).collect();
+    rows.extend(generated.iter().flat_map(|(_, t)| t.delivered.clone()));
+    let mut classes = classes(&rows);
+    classes.insert("UserAgent".into());
+    let mut deployment = Deployment::new(classes).await;
+    deployment.start_all().await;
+
+    publish_rows(&deployment.publisher, &rows).await;
+    let mut expected = [0usize; 3];
+    for row in rows.iter().filter(|r| r["event_type"] == "display_event") {
+        expected[owner(row["thread_id"].as_str().unwrap(), 3) as usize] += 1;
+    }
+    for k in 0..3 {
+        deployment
+            .api(k)
+            .wait_for_events(expected[k as usize] as u64)
+            .await;
+    }
+    // Nothing more arrives: each worker received exactly its partition's events.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for k in 0..3 {
+        assert_eq!(
+            events_received(deployment.api(k)).await,
+            expected[k as usize] as f64,
+            "worker {k}"
+        );
+    }
+
+    let mut failures = Vec::new();
+    for case in &cases {
+        for (k, api) in deployment.apis().enumerate() {
+            let reply = api.history(&case.thread_id, &query(case)).await;
+            failures.extend(check(case, &format!("partitioned via {k}"), &reply));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for (id, thread) in &generated {
+        let projected = project(&decode_rows(&thread.rows), None);
+        let reference = serde_json::to_string(
+            &serde_json::json!({"thread_id": id, "messages": projected.history.messages}),
+        )
+        .unwrap();
+        for (k, api) in deployment.apis().enumerate() {
+            assert_eq!(api.history(id, "").await.body, reference, "{id} via {k}");
+        }
+    }
+    for (k, api) in deployment.apis().enumerate() {
+        let metrics = api.metrics().await;
+        assert!(routes(&metrics, "forwarded") > 0.0, "worker {k}");
+        assert_eq!(routes(&metrics, "owner_unreachable"), 0.0, "worker {k}");
+        assert_eq!(routes(&metrics, "loop"), 0.0, "worker {k}");
+        // Only owned threads are held.
+        assert!(
+            metric(&metrics, "history_view_cache_entries") <= (cases.len() + 30) as f64,
+            "worker {k}"
+        );
+    }
+
+    // The persister writes the same rows: a cold read from the store answers what the workers answer.
+    deployment.store.insert_rows(&rows).await;
+    for (id, _) in generated.iter().take(6) {
+        let stored = deployment.cold_read(id, "").await;
+        assert_eq!(
+            stored.body,
+            deployment.api(0).history(id, "").await.body,
+            "{id}"
+        );
+    }
+
+    // A class stream created mid-run: sourced, its events reach the owner, read through any worker.
+    create_replicated_class_streams(&deployment.cluster.servers[0].url(), ["Late".into()], 3).await;
+    let thread = "late-class-thread";
+    let marker = user_row(thread, "d1", "e1", now_ns(0), "Q");
+    let mut answer = crate::helpers::chunk_row(thread, "d1", "Late", "e2", now_ns(1), "late");
+    answer["agent_class"] = "Late".into();
+    deployment
+        .store
+        .insert_rows(&[marker.clone(), answer.clone()])
+        .await;
+    let owner_api = deployment.api(owner(thread, 3));
+    wait_metric(
+        owner_api,
+        "history_view_jetstream_resumes_total{outcome=\"gap\"}",
+        1.0,
+    )
+    .await;
+    publish_rows(&deployment.publisher, &[marker, answer]).await;
+    let expected = turns(&[("user", "Q"), ("assistant", "late")]);
+    for api in deployment.apis() {
+        let served = read_until_cache(api, thread, "").await;
+        assert_eq!(served.json()["messages"], expected, "{}", served.body);
+    }
+}
+
+/// The owner of a thread frozen mid-read (SIGSTOP), then killed: the other workers answer from the store, correct,
+/// within the read's time, and never cache it; restarted, the owner replays and serves from memory again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_frozen_killed_and_restarted_leaves_every_read_answered() {
+    let mut deployment = Deployment::new(["UserAgent".into(), "A".into()].into()).await;
+    deployment.start_all().await;
+    let thread = (0..)
+        .map(|i| format!("owned-by-2-{i}"))
+        .find(|t| owner(t, 3) == 2)
+        .unwrap();
+    let rows = [
+        user_row(&thread, "d1", "e1", now_ns(0), "Q"),
+        crate::helpers::chunk_row(&thread, "d1", "A", "e2", now_ns(1), "A1"),
+    ];
+    deployment.store.insert_rows(&rows).await;
+    publish_rows(&deployment.publisher, &rows).await;
+    let expected = turns(&[("user", "Q"), ("assistant", "A1")]);
+    let served = read_until_cache(deployment.api(0), &thread, "").await;
+    assert_eq!(served.json()["messages"], expected);
+
+    // Frozen: the forwarded read gets no answer; the store answers within the read's time (1.5 s + the store read).
+    deployment.workers[2].as_ref().unwrap().pause();
+    let started = Instant::now();
+    let reply = deployment.api(0).history(&thread, "").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.source(), Some("store"));
+    assert_eq!(reply.json()["messages"], expected);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let metrics = deployment.api(0).metrics().await;
+    assert_eq!(routes(&metrics, "owner_unreachable"), 1.0);
+
+    // Killed: refused at once, still answered from the store, never from memory of a worker that does not own it.
+    deployment.workers[2].as_ref().unwrap().resume();
+    deployment.workers[2] = None;
+    for _ in 0..5 {
+        let reply = deployment.api(1).history(&thread, "").await;
+        assert_eq!(reply.source(), Some("store"), "{}", reply.body);
+        assert_eq!(reply.json()["messages"], expected);
+    }
+    // An answer published while the owner is down is in the partitioned stream for its restart.
+    let more = crate::helpers::chunk_row(&thread, "d1", "A", "e3", now_ns(2), "A2");
+    deployment
+        .store
+        .insert_rows(std::slice::from_ref(&more))
+        .await;
+    publish_rows(&deployment.publisher, std::slice::from_ref(&more)).await;
+
+    deployment.start(2).await;
+    let expected = turns(&[("user", "Q"), ("assistant", "A1A2")]);
+    for api in deployment.apis() {
+        let served = read_until_cache(api, &thread, "").await;
+        assert_eq!(served.json()["messages"], expected, "{}", served.body);
+    }
+}
+
+/// Workers started with different partition counts (a rollout): a read forwarded by one to a worker that does not
+/// own the thread either is answered from the store and counted as a loop, never forwarded again; a worker whose
+/// count disagrees with the existing partitioned stream is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_that_disagree_on_the_partition_count_answer_correctly_without_a_loop() {
+    let mut deployment = Deployment::new(["UserAgent".into(), "A".into()].into()).await;
+    deployment.start_all().await;
+
+    // Same stream, another count: refused at start, naming the setting.
+    let env = deployment.env(0, 2, &[("HISTORY_VIEW_LISTEN", "127.0.0.1:0")]);
+    let refused = tokio::task::spawn_blocking(move || {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_chat-history-view"));
+        for (name, _) in std::env::vars().filter(|(n, _)| n.starts_with("HISTORY_VIEW_")) {
+            command.env_remove(name);
+        }
+        command.envs(env).output().expect("the worker runs")
+    })
+    .await
+    .unwrap();
+    let log = String::from_utf8_lossy(&refused.stdout);
+    assert!(!refused.status.success(), "{log}");
+    assert!(
+        log.contains("HISTORY_VIEW_PARTITIONS=2") && log.contains("CHAT_HISTORY_VIEW"),
+        "{log}"
+    );
+
+    // Two partitions on a stream of their own, reaching the three-partition workers as peers.
+    let two = Arc::new(
+        BinaryApp::start(&deployment.env(
+            0,
+            2,
+            &[
+                ("HISTORY_VIEW_JETSTREAM_STREAM", "CHAT_HISTORY_VIEW_2"),
+                ("HISTORY_VIEW_JETSTREAM_SUBJECT_PREFIX", "chv2"),
+            ],
+        ))
+        .await,
+    );
+    two.wait_ready().await;
+    // A thread the two-partition worker sends to partition 1, which the three-partition worker 1 does not own.
+    let thread = (0..)
+        .map(|i| format!("rollout-{i}"))
+        .find(|t| owner(t, 2) == 1 && owner(t, 3) != 1)
+        .unwrap();
+    let rows = [
+        user_row(&thread, "d1", "e1", now_ns(0), "Q"),
+        crate::helpers::chunk_row(&thread, "d1", "A", "e2", now_ns(1), "A1"),
+    ];
+    deployment.store.insert_rows(&rows).await;
+    publish_rows(&deployment.publisher, &rows).await;
+    let expected = turns(&[("user", "Q"), ("assistant", "A1")]);
+    for _ in 0..3 {
+        let reply = two.api.history(&thread, "").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.json()["messages"], expected);
+        assert_eq!(reply.source(), Some("store"));
+    }
+    assert_eq!(routes(&two.api.metrics().await, "forwarded"), 3.0);
+    assert_eq!(routes(&deployment.api(1).metrics().await, "loop"), 3.0);
+    assert_eq!(routes(&deployment.api(1).metrics().await, "forwarded"), 0.0);
+}
