@@ -93,6 +93,11 @@ CASES: dict[str, dict[str, Any]] = {
         "priorityClassName": "high",
         "readinessProbe": {"periodSeconds": 3, "failureThreshold": 2},
     },
+    "partitioned": {
+        "partitions": 3,
+        "config": {"source": "jetstream", "jetstreamMaxBytes": 1073741824, "jetstreamStream": "CHAT_HISTORY_VIEW_3"},
+        "podDisruptionBudget": {"maxUnavailable": 1},
+    },
     "image-digest": {
         "image": {"digest": "sha256:" + "a" * 64},
         "podSecurityContext": {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
@@ -117,6 +122,8 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
         "must exceed config.shutdownDrainSecs",
     ),
     "a mistyped nested key": ({"serviceMonitor": {"enable": True}}, "'enable'"),
+    "partitions on Core NATS": ({"partitions": 2}, "need config.source=jetstream"),
+    "no partition": ({"partitions": 0}, "/partitions"),
 }
 
 
@@ -129,8 +136,10 @@ def binary_settings() -> set[str]:
     return names
 
 
-# Every setting the binary has, set by the chart (the API token only when a token is configured), and RUST_LOG.
-EXPECTED_ENV = (binary_settings() - {"HISTORY_VIEW_API_TOKEN"}) | {"RUST_LOG"}
+# Every setting the binary has, set by the chart (the API token only when a token is configured, the partitioned
+# stream's byte limit only when one is), and RUST_LOG.
+OPTIONAL_ENV = {"HISTORY_VIEW_API_TOKEN", "HISTORY_VIEW_JETSTREAM_MAX_BYTES"}
+EXPECTED_ENV = (binary_settings() - OPTIONAL_ENV) | {"RUST_LOG"}
 
 
 class CheckError(Exception):
@@ -261,12 +270,21 @@ def by_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, Any]) -> None:
     """The facts the issue names, for any value set (values are the merged, effective values)."""
-    deployments = by_kind(manifests, "Deployment")
-    expect(len(deployments) == 1, f"expected one Deployment, got {len(deployments)}")
-    deployment = deployments[0]
+    partitions = values["partitions"]
+    partitioned = partitions > 1
+    workloads = by_kind(manifests, "StatefulSet" if partitioned else "Deployment")
+    expect(
+        len(workloads) == 1 and not by_kind(manifests, "Deployment" if partitioned else "StatefulSet"),
+        f"expected one {'StatefulSet' if partitioned else 'Deployment'}, got {len(workloads)}",
+    )
+    deployment = workloads[0]
     spec = deployment["spec"]
-    expect(spec.get("replicas") == 1, f"replicas is {spec.get('replicas')!r}, not 1")
-    expect(spec.get("strategy") == {"type": "Recreate"}, f"strategy is {spec.get('strategy')!r}, not Recreate")
+    if partitioned:
+        expect(spec.get("replicas") == partitions, f"replicas is {spec.get('replicas')!r}, not {partitions}")
+        expect(spec.get("podManagementPolicy") == "Parallel", "the workers do not start in parallel")
+    else:
+        expect(spec.get("replicas") == 1, f"replicas is {spec.get('replicas')!r}, not 1")
+        expect(spec.get("strategy") == {"type": "Recreate"}, f"strategy is {spec.get('strategy')!r}, not Recreate")
 
     pod = spec["template"]["spec"]
     pod_labels = spec["template"]["metadata"]["labels"]
@@ -342,8 +360,35 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         pod["terminationGracePeriodSeconds"] > drain,
         f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']} does not exceed the {drain}s drain",
     )
-    for name in EXPECTED_ENV - {"HISTORY_VIEW_MONGODB_URI"}:
+    for name in EXPECTED_ENV - {"HISTORY_VIEW_MONGODB_URI", "HISTORY_VIEW_PARTITION"}:
         expect("value" in env[name], f"{name} has no plain value")
+    expect(env["HISTORY_VIEW_PARTITIONS"]["value"] == str(partitions), "HISTORY_VIEW_PARTITIONS")
+    peer_url = env["HISTORY_VIEW_PEER_URL"]["value"]
+    if partitioned:
+        expect(values["config"]["source"] == "jetstream", "partitioned workers without the JetStream source")
+        expect(
+            env["HISTORY_VIEW_PARTITION"].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            == "metadata.labels['apps.kubernetes.io/pod-index']",
+            "a worker's partition is not its ordinal",
+        )
+        expect(
+            peer_url
+            == f"http://{deployment['metadata']['name']}-{{partition}}.{spec['serviceName']}.{NAMESPACE}.svc:"
+            f"{values['containerPort']}",
+            f"the peer URL {peer_url} does not name the pods of the headless Service",
+        )
+        max_bytes = values["config"]["jetstreamMaxBytes"]
+        if max_bytes is not None:
+            expect(env["HISTORY_VIEW_JETSTREAM_MAX_BYTES"]["value"] == str(max_bytes), "HISTORY_VIEW_JETSTREAM_MAX_BYTES")
+        pdbs = by_kind(manifests, "PodDisruptionBudget")
+        expect(len(pdbs) == 1, f"expected one PodDisruptionBudget, got {len(pdbs)}")
+        expect(
+            pdbs[0]["spec"]["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items(),
+            "the PodDisruptionBudget does not select the workers",
+        )
+    else:
+        expect(env["HISTORY_VIEW_PARTITION"].get("value") == "0", "HISTORY_VIEW_PARTITION")
+        expect(not by_kind(manifests, "PodDisruptionBudget"), "a PodDisruptionBudget for one worker")
 
     memory_limit = container.get("resources", {}).get("limits", {}).get("memory")
     expect(memory_limit is not None, "no memory limit")
@@ -402,9 +447,18 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         checksum = spec["template"]["metadata"].get("annotations", {}).get("checksum/secret", "")
         expect(re.fullmatch(r"[0-9a-f]{64}", checksum) is not None, "no checksum/secret annotation on the pod")
 
-    services = by_kind(manifests, "Service")
+    services = [s for s in by_kind(manifests, "Service") if s["spec"].get("clusterIP") != "None"]
     expect(len(services) == 1, f"expected one Service, got {len(services)}")
     service = services[0]
+    headless = [s for s in by_kind(manifests, "Service") if s["spec"].get("clusterIP") == "None"]
+    if partitioned:
+        expect(
+            len(headless) == 1 and headless[0]["metadata"]["name"] == spec["serviceName"],
+            "no headless Service named by the StatefulSet",
+        )
+        expect(headless[0]["spec"]["selector"].items() <= pod_labels.items(), "the headless Service selects no pod")
+    else:
+        expect(not headless, "a headless Service for one worker")
     expect(service["spec"]["selector"].items() <= pod_labels.items(), "the Service selector does not match the pod")
     service_ports = service["spec"]["ports"]
     expect(
@@ -431,7 +485,10 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         expect(not monitors, "ServiceMonitor rendered although disabled")
 
     kinds = sorted(m["kind"] for m in manifests)
-    expect(set(kinds) <= {"Deployment", "Service", "Secret", "ServiceMonitor"}, f"unexpected kinds {kinds}")
+    expect(
+        set(kinds) <= {"Deployment", "StatefulSet", "PodDisruptionBudget", "Service", "Secret", "ServiceMonitor"},
+        f"unexpected kinds {kinds}",
+    )
     expect("port-forward" in notes and "/readyz" in notes, "NOTES.txt does not say how to reach the service")
 
 

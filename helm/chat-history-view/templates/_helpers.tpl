@@ -70,3 +70,10 @@ The Secret holding the Mongo URI and the API token: the named existing one, or t
 {{- include "chat-history-view.fullname" . }}
 {{- end }}
 {{- end }}
+
+{{/*
+The headless Service of partitioned workers: each pod is <fullname>-<ordinal>.<headless>.
+*/}}
+{{- define "chat-history-view.headlessName" -}}
+{{- printf "%s-headless" (include "chat-history-view.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
