@@ -35,7 +35,7 @@ use report::{Row, progress};
 use setup::{Settings, Setup};
 
 fn main() {
-    // `cargo bench` passes `--bench`; `cargo test --all-targets` (as in `make test`) runs this binary without it,
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it,
     // and there it only proves that the benchmark compiles.
     if !std::env::args().any(|arg| arg == "--bench") {
         println!("the benchmark runs under `cargo bench --bench bench` (`make bench`); skipped");
