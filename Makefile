@@ -8,7 +8,7 @@
 #                         starts its own nats-server and Mongo-wire server (it may stop, freeze or restart them)
 #   make run              the service against the local servers (or scripts/demo.sh)
 #   make soak             overlapping faults under load on the release worker, 5 cycles over 200 threads (SOAK_SECS,
-#                         SOAK_THREADS; tests/api/soak.rs); a one-cycle version runs in `make test`
+#                         SOAK_THREADS; tests/api/chaos.rs); a one-cycle version runs in `make test`
 #   make fuzz             the decoders' fuzz targets, 60 s each (FUZZ_SECS, FUZZ_RUNS, FUZZ_TARGETS: scripts/fuzz.sh)
 #   make bench            the performance targets (docs/design.md section 7): installs the servers, builds the
 #                         release binary, runs benches/bench/main.rs (it starts its own servers and workers)
@@ -86,4 +86,4 @@ soak:
 	cargo build --release --bin chat-history-view; \
 	echo "==> soak: SOAK_SECS=$${SOAK_SECS:-300} SOAK_THREADS=$${SOAK_THREADS:-200}" >&2; \
 	SOAK_SECS="$${SOAK_SECS:-300}" SOAK_THREADS="$${SOAK_THREADS:-200}" \
-		cargo test --test api soak:: -- --nocapture
+		cargo test --test api chaos:: -- --nocapture
