@@ -57,7 +57,7 @@ impl ApiError {
 }
 
 /// Renders an error chain on one line for the log.
-fn chain(error: &dyn std::error::Error) -> String {
+pub(super) fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

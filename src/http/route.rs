@@ -12,6 +12,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::error::chain;
 use crate::partition::Partitioning;
 use crate::telemetry::RateLimit;
 
@@ -106,7 +107,7 @@ impl Peers {
                 .client
                 .request(request)
                 .await
-                .map_err(|e| ForwardError::Unreachable(error_chain(&e)))?;
+                .map_err(|e| ForwardError::Unreachable(chain(&e)))?;
             let (mut parts, body) = response.into_parts();
             let body = body
                 .collect()
@@ -122,16 +123,4 @@ impl Peers {
             .await
             .map_err(|_| ForwardError::Timeout(self.timeout))?
     }
-}
-
-/// An error and its sources, for a log line (the client's own message says only "client error").
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }

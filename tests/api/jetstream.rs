@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use chat_history_view::project::project;
-use proptest::strategy::{Strategy, ValueTree};
-use proptest::test_runner::TestRunner;
 use serde_json::Value;
 
 use crate::conformance::{live_case_prepared, run_all};
@@ -26,7 +24,8 @@ use test_support::servers::{MongoServer, NatsCluster};
 
 const JETSTREAM: (&str, &str) = ("HISTORY_VIEW_SOURCE", "jetstream");
 
-fn classes(rows: &[Value]) -> BTreeSet<String> {
+/// The agent classes of `rows`: the class streams they need.
+pub fn classes(rows: &[Value]) -> BTreeSet<String> {
     rows.iter()
         .filter_map(|row| row["agent_class"].as_str().map(str::to_owned))
         .collect()
@@ -280,17 +279,7 @@ async fn a_new_leader_of_a_replicated_stream_is_a_gap_and_no_stale_view_is_serve
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_threads_through_the_jetstream_source_equal_the_projector_and_a_cold_read() {
     const THREADS: usize = 60;
-    let mut runner = TestRunner::deterministic();
-    let generated: Vec<(String, threads::Thread)> = (0..THREADS)
-        .map(|i| {
-            let id = format!("js-conv-{i}");
-            let thread = threads::thread(id.clone())
-                .new_tree(&mut runner)
-                .expect("a thread")
-                .current();
-            (id, thread)
-        })
-        .collect();
+    let generated = threads::generated("js-conv", THREADS);
     let delivered: Vec<Value> = generated
         .iter()
         .flat_map(|(_, t)| t.delivered.clone())

@@ -12,8 +12,6 @@ use async_nats::jetstream;
 use chat_history_view::partition::{Partitioning, StreamSettings, owner};
 use chat_history_view::project::project;
 use futures_util::StreamExt;
-use proptest::strategy::{Strategy, ValueTree};
-use proptest::test_runner::TestRunner;
 use serde_json::Value;
 
 use crate::cases;
@@ -21,6 +19,7 @@ use crate::conformance::{check, query};
 use crate::helpers::{
     Api, BinaryApp, Reply, TestStore, metric, publish_rows, turns, unique, user_row,
 };
+use crate::jetstream::classes;
 use crate::projector::decode_rows;
 use crate::scene::{now_ns, read_until_cache, wait_metric};
 use crate::threads;
@@ -221,6 +220,17 @@ impl Deployment {
         self.workers.iter().flatten().map(|w| &w.api)
     }
 
+    /// Stores and publishes a user turn and an answer (`A1`) of `thread`; returns the history it reads as.
+    async fn answered(&self, thread: &str) -> Value {
+        let rows = [
+            user_row(thread, "d1", "e1", now_ns(0), "Q"),
+            crate::helpers::chunk_row(thread, "d1", "A", "e2", now_ns(1), "A1"),
+        ];
+        self.store.insert_rows(&rows).await;
+        publish_rows(&self.publisher, &rows).await;
+        turns(&[("user", "Q"), ("assistant", "A1")])
+    }
+
     /// A fresh Core worker's cold read of `thread` from the store.
     async fn cold_read(&self, thread: &str, query: &str) -> Reply {
         let cold = BinaryApp::start(&[
@@ -235,12 +245,6 @@ impl Deployment {
         assert_eq!(reply.source(), Some("store"));
         reply
     }
-}
-
-fn classes(rows: &[Value]) -> BTreeSet<String> {
-    rows.iter()
-        .filter_map(|row| row["agent_class"].as_str().map(str::to_owned))
-        .collect()
 }
 
 async fn events_received(api: &Api) -> f64 {
@@ -278,17 +282,7 @@ async fn three_partitioned_workers_answer_every_thread_through_any_worker() {
             case
         })
         .collect();
-    let mut runner = TestRunner::deterministic();
-    let generated: Vec<(String, threads::Thread)> = (0..30)
-        .map(|i| {
-            let id = format!("part-conv-{i}");
-            let thread = threads::thread(id.clone())
-                .new_tree(&mut runner)
-                .expect("a thread")
-                .current();
-            (id, thread)
-        })
-        .collect();
+    let generated = threads::generated("part-conv", 30);
     let mut rows: Vec<Value> = cases.iter().flat_map(|c| c.rows.clone()).collect();
     rows.extend(generated.iter().flat_map(|(_, t)| t.delivered.clone()));
     let mut classes = classes(&rows);
@@ -393,13 +387,7 @@ async fn the_owner_frozen_killed_and_restarted_leaves_every_read_answered() {
         .map(|i| format!("owned-by-2-{i}"))
         .find(|t| owner(t, 3) == 2)
         .unwrap();
-    let rows = [
-        user_row(&thread, "d1", "e1", now_ns(0), "Q"),
-        crate::helpers::chunk_row(&thread, "d1", "A", "e2", now_ns(1), "A1"),
-    ];
-    deployment.store.insert_rows(&rows).await;
-    publish_rows(&deployment.publisher, &rows).await;
-    let expected = turns(&[("user", "Q"), ("assistant", "A1")]);
+    let expected = deployment.answered(&thread).await;
     let served = read_until_cache(deployment.api(0), &thread, "").await;
     assert_eq!(served.json()["messages"], expected);
 
@@ -482,13 +470,7 @@ async fn workers_that_disagree_on_the_partition_count_answer_correctly_without_a
         .map(|i| format!("rollout-{i}"))
         .find(|t| owner(t, 2) == 1 && owner(t, 3) != 1)
         .unwrap();
-    let rows = [
-        user_row(&thread, "d1", "e1", now_ns(0), "Q"),
-        crate::helpers::chunk_row(&thread, "d1", "A", "e2", now_ns(1), "A1"),
-    ];
-    deployment.store.insert_rows(&rows).await;
-    publish_rows(&deployment.publisher, &rows).await;
-    let expected = turns(&[("user", "Q"), ("assistant", "A1")]);
+    let expected = deployment.answered(&thread).await;
     for _ in 0..3 {
         let reply = two.api.history(&thread, "").await;
         assert_eq!(reply.status, 200, "{}", reply.body);

@@ -204,3 +204,19 @@ fn row(thread_id: &str, i: usize, spec: &EventSpec) -> Value {
 
 /// The NATS subject a row is published on.
 pub use test_support::rows::subject;
+
+/// `count` random threads named `<prefix>-<i>`, the same ones on every run.
+pub fn generated(prefix: &str, count: usize) -> Vec<(String, Thread)> {
+    use proptest::strategy::{Strategy, ValueTree};
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    (0..count)
+        .map(|i| {
+            let id = format!("{prefix}-{i}");
+            let thread = thread(id.clone())
+                .new_tree(&mut runner)
+                .expect("a thread")
+                .current();
+            (id, thread)
+        })
+        .collect()
+}
