@@ -4,7 +4,8 @@
 #   make services-up      start NATS and SecantusDB on 127.0.0.1 (left running)
 #   make services-down    stop them
 #   make services-status  show whether they run
-#   make test             installs the servers, then fmt, clippy, release build, tests, chart check; every test
+#   make test             installs the servers (and Prometheus) while it builds, then fmt, clippy with the tests' build, tests,
+#                         chart check, alert rules' check (promtool); every test
 #                         starts its own nats-server and Mongo-wire server (it may stop, freeze or restart them)
 #   make run              the service against the local servers (or scripts/demo.sh)
 #   make soak             overlapping faults under load on the release worker, 5 cycles over 200 threads (SOAK_SECS,
@@ -22,6 +23,14 @@ SHELL := bash
 .DEFAULT_GOAL := test
 
 SERVICES := scripts/services.sh
+
+# The tests' build is also the lint: clippy-driver is rustc with clippy's lints, and cargo runs it for the
+# workspace's own crates only (RUSTC_WORKSPACE_WRAPPER), so `cargo test` compiles every target once with the same
+# lints and -D warnings as `cargo clippy --workspace --all-targets -- -D warnings`, and clippy's separate check of
+# every dependency is not needed. The tests' worker binary has optimized dependencies (Cargo.toml), so no release
+# build is needed either: the dependencies are built once.
+CLIPPY_BUILD := RUSTC_WORKSPACE_WRAPPER="$$(rustc --print sysroot)/bin/clippy-driver" \
+	CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 
 # Start the servers this recipe needs, remembering which ones it started, stop
 # those on exit, and export NATS_URL and MONGODB_URI. Used as the head of a
@@ -46,19 +55,27 @@ services-status:
 	@$(SERVICES) status
 
 test:
-	@$(SERVICES) install >&2; \
-	echo "==> servers installed in .tools/venv/bin; each test starts its own" >&2; \
+	@mkdir -p .tools; \
+	echo "==> installing the servers and the chart check's tools in the background, while the builds run (.tools/install.log)" >&2; \
+	( $(SERVICES) install && if [ -x scripts/check-chart.sh ]; then scripts/check-chart.sh --install-only; fi ) \
+		>.tools/install.log 2>&1 & installing=$$!; \
+	trap 'kill $$installing 2>/dev/null || true' EXIT; \
 	echo "==> cargo fmt --check" >&2; \
 	cargo fmt --check; \
-	echo "==> cargo clippy --workspace --all-targets -- -D warnings" >&2; \
-	cargo clippy --workspace --all-targets -- -D warnings; \
-	echo "==> cargo build --release --bin chat-history-view (scenarios that measure keeping up run it)" >&2; \
-	cargo build --release --bin chat-history-view; \
-	echo "==> cargo test --lib --bins --tests --examples (the benchmark compiles under clippy; it runs under make bench)" >&2; \
-	cargo test --lib --bins --tests --examples; \
+	echo "==> cargo test --workspace --all-targets --no-run, compiled by clippy-driver with -D warnings (clippy's lints)" >&2; \
+	$(CLIPPY_BUILD) cargo test --workspace --lib --bins --tests --examples --benches --no-run; \
+	if ! wait $$installing; then cat .tools/install.log >&2; echo "installing the tools failed" >&2; exit 1; fi; \
+	cat .tools/install.log >&2; \
+	echo "==> servers installed in .tools/venv/bin; each test starts its own" >&2; \
+	echo "==> cargo test --lib --bins --tests --examples (the benchmark is built above; it runs under make bench)" >&2; \
+	$(CLIPPY_BUILD) cargo test --lib --bins --tests --examples; \
 	if [ -x scripts/check-chart.sh ]; then \
 		echo "==> scripts/check-chart.sh" >&2; \
-		scripts/check-chart.sh; \
+		CHV_BINARY=target/debug/chat-history-view scripts/check-chart.sh; \
+	fi; \
+	if [ -x scripts/check-alerts.sh ]; then \
+		echo "==> scripts/check-alerts.sh" >&2; \
+		scripts/check-alerts.sh; \
 	fi
 
 run:
@@ -85,5 +102,5 @@ soak:
 	echo "==> cargo build --release --bin chat-history-view" >&2; \
 	cargo build --release --bin chat-history-view; \
 	echo "==> soak: SOAK_SECS=$${SOAK_SECS:-300} SOAK_THREADS=$${SOAK_THREADS:-200}" >&2; \
-	SOAK_SECS="$${SOAK_SECS:-300}" SOAK_THREADS="$${SOAK_THREADS:-200}" \
+	SOAK_SECS="$${SOAK_SECS:-300}" SOAK_THREADS="$${SOAK_THREADS:-200}" CHV_WORKER_BINARY=target/release/chat-history-view \
 		cargo test --test api chaos:: -- --nocapture

@@ -5,9 +5,10 @@
 #   helm-python-sdk      Helm's Go SDK as a library (no helm binary, no network at run time)
 #   kubernetes-validate  the Kubernetes JSON schemas, to validate the rendered manifests
 # then runs scripts/check_chart.py, which exits non-zero on any failure. The settings the chart must set are
-# read from the release binary's --help (built if needed), so chart and configuration cannot drift.
+# read from the worker binary's --help (CHV_BINARY, or built if needed), so chart and configuration cannot drift.
 #
-# Usage: scripts/check-chart.sh
+# Usage: scripts/check-chart.sh [--install-only]
+#   --install-only  install the tools and stop (`make test` runs it in the background while it builds)
 set -euo pipefail
 
 HELM_PYTHON_SDK_VERSION=0.2.2
@@ -40,8 +41,17 @@ EOF
     fi
 ) 9>"$tools/venv.lock"
 
+if [[ "${1:-}" == "--install-only" ]]; then
+    exit 0
+fi
+
 # The settings the binary has, by environment name: the chart must set each of them.
-CHART_SETTINGS="$(cd "$root" && cargo run --quiet --release --bin chat-history-view -- --help |
-    grep -o '\[env: HISTORY_VIEW_[A-Z_]*' | cut -c7-)"
+# CHV_BINARY names a built worker binary (`make test` passes the one its tests built); otherwise cargo builds one.
+if [[ -n "${CHV_BINARY:-}" ]]; then
+    help="$("$CHV_BINARY" --help)"
+else
+    help="$(cd "$root" && cargo run --quiet --bin chat-history-view -- --help)"
+fi
+CHART_SETTINGS="$(grep -o '\[env: HISTORY_VIEW_[A-Z_]*' <<<"$help" | cut -c7-)"
 export CHART_SETTINGS
 exec "$python" "$root/scripts/check_chart.py"

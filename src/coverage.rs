@@ -234,6 +234,16 @@ impl Coverage {
         advance(&self.inner.last_gap, now);
     }
 
+    /// Time since the coverage was made (the process start).
+    pub fn uptime(&self) -> Duration {
+        self.inner.origin.elapsed()
+    }
+
+    /// The gap generation: it changes with every gap signal (a shadow check compares it before and after a read).
+    pub fn gaps(&self) -> u64 {
+        self.inner.last_gap.load(Ordering::Acquire)
+    }
+
     /// A cache entry of a thread in `bucket` is created at `now`. Returns the floor of its coverage start: `now` if
     /// another entry of the bucket is alive (it may be this thread's previous entry, removed from the cache but not
     /// dropped yet, holding events the new one never sees), otherwise nothing (the previous entry, if any, was

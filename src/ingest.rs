@@ -5,9 +5,10 @@
 //! O(1) whatever the order and repetition of its events ([`crate::view`]), and an event for a view that a read is
 //! rendering waits beside the view instead of blocking the loop ([`ViewCache::apply`]).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_nats::{Event, Message, Subscriber};
 use futures_util::StreamExt;
@@ -17,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::ViewCache;
 use crate::coverage::Coverage;
 use crate::decode::{Decoded, decode_payload};
-use crate::metrics::{EventOutcome, Metrics};
+use crate::freshness::{self, Freshness};
+use crate::metrics::{EventOutcome, Labelled, Metrics};
 use crate::readiness::Readiness;
 use crate::setting::Source;
 use crate::subject::DeliveryKey;
@@ -40,6 +42,8 @@ pub struct Ingest {
     metrics: Metrics,
     readiness: Readiness,
     coverage: Coverage,
+    /// Moved by the watcher when a probe's reply has been applied.
+    freshness: Freshness,
     /// Log rate limits for messages that are not display-event subjects and payloads that are not JSON.
     bad_subject_log: Arc<RateLimit>,
     malformed_log: Arc<RateLimit>,
@@ -51,12 +55,15 @@ impl Ingest {
         metrics: Metrics,
         readiness: Readiness,
         coverage: Coverage,
+        freshness: Freshness,
     ) -> Self {
+        metrics.preset(Labelled::NatsConnectionEvent, &CONNECTION_EVENTS);
         Self {
             views,
             metrics,
             readiness,
             coverage,
+            freshness,
             bad_subject_log: Arc::default(),
             malformed_log: Arc::default(),
         }
@@ -65,9 +72,22 @@ impl Ingest {
     /// Consumes `subscriber` until `stop` is cancelled or the subscription ends. After a stop, unsubscribes and
     /// applies what was already buffered (bounded by [`DRAIN_LIMIT`]).
     ///
+    /// With `probes` (Core NATS), the replies to the worker's round-trip probes come through this loop too: a
+    /// reply is handed to the watcher only once the display-event subscription has been found empty after it
+    /// arrived. The client puts a connection's messages in their subscriptions' queues in the order the server sent
+    /// them, so by then every event received before the reply has been applied (or waits beside its view, applied
+    /// before any read of it): the probe's send time is an instant every answer from memory covers
+    /// ([`crate::freshness`]).
+    ///
     /// Returns normally only on a stop request; `Err(())` when the subscription ended by itself.
-    pub async fn run(self, mut subscriber: Subscriber, stop: CancellationToken) -> Result<(), ()> {
+    pub async fn run(
+        self,
+        mut subscriber: Subscriber,
+        mut probes: Option<Probes>,
+        stop: CancellationToken,
+    ) -> Result<(), ()> {
         self.readiness.set_subscribed(true);
+        let mut reply: Option<u64> = None;
         loop {
             tokio::select! {
                 biased;
@@ -78,6 +98,23 @@ impl Ingest {
                         self.readiness.set_subscribed(false);
                         tracing::error!("the NATS subscription ended");
                         return Err(());
+                    }
+                },
+                // Polled only after the subscription was found empty in this round, which began after the reply
+                // arrived.
+                () = std::future::ready(()), if reply.is_some() => {
+                    if let (Some(sequence), Some(probes)) = (reply.take(), probes.as_ref()) {
+                        // Full: the watcher is behind on replies; the next probe's reply serves as well.
+                        let _ = probes.applied.try_send(sequence);
+                    }
+                }
+                message = next_reply(&mut probes), if reply.is_none() => match message {
+                    Some(message) => {
+                        reply = std::str::from_utf8(&message.payload).ok().and_then(|s| s.parse().ok());
+                    }
+                    None => {
+                        tracing::error!("the subscription confirmation probe ended");
+                        probes = None;
                     }
                 },
             }
@@ -98,6 +135,11 @@ impl Ingest {
             drained += 1;
         }
         Ok(())
+    }
+
+    /// The covered-through instant this ingest path moves.
+    pub fn freshness(&self) -> &Freshness {
+        &self.freshness
     }
 
     /// One message: subject → delivery key → family filter and decode → its thread's view.
@@ -156,27 +198,28 @@ impl Ingest {
     }
 
     /// Watches the connection until `stop` is cancelled: logs and counts connection events, keeps readiness's
-    /// connection state, and confirms the subscription after every (re)connect by a round trip: a probe published
-    /// on `probe`'s own subject comes back only after the server has processed everything sent before it, the
-    /// re-sent subscription included (a `Connected` event comes before the subscription is re-sent). Gaps are
-    /// recorded earlier, in the connection callback ([`on_connection_event`]).
+    /// connection state, and sends the worker's round-trip probes on `probe` (its own inbox subject): after every
+    /// (re)connect until one comes back, which confirms the subscription (a probe comes back only after the server
+    /// has processed everything sent before it, the re-sent subscription included; a `Connected` event comes before
+    /// the subscription is re-sent), and every [`freshness::PROBE_EVERY`] after that, whose replies, handed over by
+    /// the ingest loop once it has applied what came before them (`applied`), move the covered-through instant.
+    /// Gaps are recorded earlier, in the connection callback ([`on_connection_event`]).
     ///
     /// Without a probe (the JetStream source, which starts coverage itself), it only logs, counts and keeps state.
     pub async fn watch_connection(
         self,
         client: async_nats::Client,
-        probe: Option<ProbeSubscription>,
+        probe: Option<(String, mpsc::Receiver<u64>)>,
         mut events: mpsc::Receiver<Event>,
         stop: CancellationToken,
     ) {
-        let (probe_subject, mut probe) = match probe {
-            Some(ProbeSubscription {
-                subject,
-                subscriber,
-            }) => (subject, Some(subscriber)),
+        let (probe_subject, mut applied) = match probe {
+            Some((subject, applied)) => (subject, Some(applied)),
             None => (String::new(), None),
         };
-        let mut outstanding: Option<SentProbe> = None;
+        // Probes sent and not answered yet, oldest first (bounded: a link that answers none is soon a gap).
+        let mut sent: VecDeque<SentProbe> = VecDeque::new();
+        let mut last_sent: Option<SentProbe> = None;
         let mut sequence = 0u64;
         let mut skipped = 0u64;
         let mut tick = tokio::time::interval(PROBE_INTERVAL);
@@ -186,44 +229,53 @@ impl Ingest {
                 biased;
                 () = stop.cancelled() => return,
                 event = events.recv() => match event {
-                    Some(event) => self.connection_event(&event),
+                    Some(event) => self.connection_event(&event) && applied.is_some(),
                     None => return,
                 },
-                message = next_probe(&mut probe) => {
-                    let Some(message) = message else {
-                        tracing::error!("the subscription confirmation probe ended");
+                answered = next_applied(&mut applied) => {
+                    let Some(answered) = answered else {
                         return;
                     };
-                    if let Some(sent) = outstanding
-                        && message.payload.as_ref() == sent.sequence.to_string().as_bytes()
-                    {
-                        outstanding = None;
-                        if self.coverage.confirm_live(sent.connection, self.coverage.now()) {
+                    while let Some(probe) = sent.front().copied().filter(|p| p.sequence <= answered) {
+                        sent.pop_front();
+                        if probe.sequence != answered || probe.connection != self.coverage.connection() {
+                            continue;
+                        }
+                        if self.coverage.confirm_live(probe.connection, self.coverage.now()) {
                             tracing::info!("NATS subscription confirmed: live coverage starts");
                         }
+                        self.freshness.probe_applied(probe.wall);
                     }
                     false
                 }
                 _ = tick.tick() => {
                     skipped = self.count_skipped(&client, skipped);
-                    probe.is_some()
-                        && !self.coverage.is_live()
+                    let last = last_sent.filter(|p| p.connection == self.coverage.connection());
+                    let every = if self.coverage.is_live() { freshness::PROBE_EVERY } else { PROBE_TIMEOUT };
+                    applied.is_some()
                         && client.connection_state() == async_nats::connection::State::Connected
-                        && outstanding.is_none_or(|sent| sent.at.elapsed() >= PROBE_TIMEOUT)
+                        && last.is_none_or(|p| p.at.elapsed() >= every)
                 }
             };
             if send_probe {
                 sequence += 1;
-                let sent = SentProbe {
+                let probe = SentProbe {
                     sequence,
                     connection: self.coverage.connection(),
                     at: std::time::Instant::now(),
+                    wall: SystemTime::now(),
                 };
                 match client
                     .publish(probe_subject.clone(), sequence.to_string().into())
                     .await
                 {
-                    Ok(()) => outstanding = Some(sent),
+                    Ok(()) => {
+                        if sent.len() == MAX_UNANSWERED {
+                            sent.pop_front();
+                        }
+                        sent.push_back(probe);
+                        last_sent = Some(probe);
+                    }
                     Err(error) => tracing::debug!(%error, "cannot send the subscription probe"),
                 }
             }
@@ -253,40 +305,42 @@ impl Ingest {
 
     /// Logs, counts and reflects one connection event; returns whether a confirmation probe is due.
     fn connection_event(&self, event: &Event) -> bool {
-        let label = match event {
-            Event::Connected => {
-                self.readiness.set_connected(true);
-                "connected"
-            }
-            Event::Disconnected => {
-                self.readiness.set_connected(false);
-                "disconnected"
-            }
-            Event::Closed => {
-                self.readiness.set_connected(false);
-                "closed"
-            }
-            Event::SlowConsumer(_) => "slow_consumer",
-            Event::ServerError(_) => "server_error",
-            Event::ClientError(_) => "client_error",
-            Event::LameDuckMode => "lame_duck_mode",
-            Event::Draining => "draining",
-        };
-        self.metrics.nats_connection_event(label);
+        match event {
+            Event::Connected => self.readiness.set_connected(true),
+            Event::Disconnected | Event::Closed => self.readiness.set_connected(false),
+            _ => {}
+        }
+        self.metrics
+            .nats_connection_event(connection_event_label(event));
         tracing::info!(event = %event, possible_loss = is_gap(event), "NATS connection event");
         matches!(event, Event::Connected)
     }
 }
 
-/// The next probe answer; never, without a probe subscription.
-async fn next_probe(probe: &mut Option<Subscriber>) -> Option<Message> {
-    match probe {
-        Some(subscriber) => subscriber.next().await,
+/// The next probe reply; never, without a probe subscription.
+async fn next_reply(probes: &mut Option<Probes>) -> Option<Message> {
+    match probes {
+        Some(probes) => probes.replies.next().await,
         None => std::future::pending().await,
     }
 }
 
-/// The worker's own subscription for confirmation probes, on a subject nothing else uses (an inbox subject, so
+/// The next probe reply the ingest loop has applied everything before; never, without probes.
+async fn next_applied(applied: &mut Option<mpsc::Receiver<u64>>) -> Option<u64> {
+    match applied {
+        Some(applied) => applied.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The ingest loop's end of the worker's round-trip probes: their replies, and where it hands over the sequence
+/// of each reply once everything received before it is applied.
+pub struct Probes {
+    pub replies: Subscriber,
+    pub applied: mpsc::Sender<u64>,
+}
+
+/// The worker's own subscription for round-trip probes, on a subject nothing else uses (an inbox subject, so
 /// aihub's persister, which stores `agent.>`, never sees it).
 pub struct ProbeSubscription {
     pub subject: String,
@@ -306,15 +360,57 @@ impl ProbeSubscription {
             subscriber,
         })
     }
+
+    /// Splits it into the watcher's end (the subject, and the applied replies) and the ingest loop's.
+    pub fn split(self) -> ((String, mpsc::Receiver<u64>), Probes) {
+        let (applied, answered) = mpsc::channel(16);
+        (
+            (self.subject, answered),
+            Probes {
+                replies: self.subscriber,
+                applied,
+            },
+        )
+    }
 }
 
-/// A confirmation probe in flight.
+/// Probes kept waiting for their reply; older ones are forgotten.
+const MAX_UNANSWERED: usize = 16;
+
+/// A probe in flight.
 #[derive(Debug, Clone, Copy)]
 struct SentProbe {
     sequence: u64,
     /// The coverage's connection epoch when it was sent.
     connection: u64,
     at: std::time::Instant,
+    /// When it was sent, on the wall clock (the covered-through instant it proves once answered).
+    wall: SystemTime,
+}
+
+/// The `event` labels of `history_view_nats_connection_events_total`, one per [`Event`] variant.
+const CONNECTION_EVENTS: [&str; 8] = [
+    "connected",
+    "disconnected",
+    "closed",
+    "slow_consumer",
+    "server_error",
+    "client_error",
+    "lame_duck_mode",
+    "draining",
+];
+
+fn connection_event_label(event: &Event) -> &'static str {
+    match event {
+        Event::Connected => CONNECTION_EVENTS[0],
+        Event::Disconnected => CONNECTION_EVENTS[1],
+        Event::Closed => CONNECTION_EVENTS[2],
+        Event::SlowConsumer(_) => CONNECTION_EVENTS[3],
+        Event::ServerError(_) => CONNECTION_EVENTS[4],
+        Event::ClientError(_) => CONNECTION_EVENTS[5],
+        Event::LameDuckMode => CONNECTION_EVENTS[6],
+        Event::Draining => CONNECTION_EVENTS[7],
+    }
 }
 
 /// Whether a connection event means events may have been missed.

@@ -17,6 +17,8 @@
 //! - [`cache`]: the moka cache of views; reads answer from complete views or hydrate from the store (one explicit
 //!   state per entry for what its store side is doing).
 //! - [`coverage`]: since when the live stream has covered a thread, so whether a store read may complete a view.
+//! - [`freshness`]: up to when the live stream has been applied (the covered-through instant of an answer).
+//! - [`shadow`]: the shadow checks' rules: what a sampled read held, compared with the store (run by [`cache`]).
 //! - [`http`]: the read API, health, readiness, metrics and the OpenAPI document.
 //! - [`config`] (with [`setting`], the value types components share with it), [`telemetry`], [`metrics`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
 
@@ -24,6 +26,7 @@ pub mod cache;
 pub mod config;
 pub mod coverage;
 pub mod decode;
+pub mod freshness;
 pub mod http;
 pub mod ingest;
 pub mod jetstream;
@@ -32,6 +35,7 @@ pub mod partition;
 pub mod project;
 pub mod readiness;
 pub mod setting;
+pub mod shadow;
 pub mod shutdown;
 pub mod startup;
 pub mod store;

@@ -78,6 +78,15 @@ pub enum HttpRefusal {
     InFlight,
 }
 
+impl HttpRefusal {
+    fn label(self) -> &'static str {
+        match self {
+            HttpRefusal::Connections => "connections",
+            HttpRefusal::InFlight => "in_flight",
+        }
+    }
+}
+
 /// Which timeout closed an HTTP connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HttpTimeout {
@@ -85,6 +94,15 @@ pub enum HttpTimeout {
     Header,
     /// No request for `HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS`.
     Idle,
+}
+
+impl HttpTimeout {
+    fn label(self) -> &'static str {
+        match self {
+            HttpTimeout::Header => "header",
+            HttpTimeout::Idle => "idle",
+        }
+    }
 }
 
 /// What a background re-read of a view held partial by the persister-lag bound achieved.
@@ -151,6 +169,41 @@ impl ReadRoute {
     }
 }
 
+/// The labelled metrics whose label values another module owns (its enum's `label()`s): that module presets them
+/// at start ([`Metrics::preset`]), so every series is exported at zero before it first happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Labelled {
+    /// `history_view_read_duration_seconds{source}`.
+    ReadSource,
+    /// `history_view_store_queries_total{kind}`.
+    StoreQueryKind,
+    /// `history_view_store_query_duration_seconds{stage}`.
+    StoreQueryStage,
+    /// `history_view_store_errors_total{kind}`.
+    StoreErrorKind,
+    /// `history_view_thread_limit_exceeded_total{path}`.
+    ThreadLimitPath,
+    /// `history_view_shadow_checks_total{result}`.
+    ShadowCheck,
+    /// `history_view_shadow_events_total{result}`.
+    ShadowEvent,
+    /// `history_view_nats_connection_events_total{event}`.
+    NatsConnectionEvent,
+}
+
+/// The statuses the API answers besides 2xx and 304 (`history_view_read_errors_total{code}`, preset at zero):
+/// bad input, a missing token, not found (or not cached), a wrong method, a rejected query, overload or an
+/// unavailable store, a thread too large. Any other status is counted under its own code.
+const READ_ERROR_CODES: [&str; 7] = ["400", "401", "404", "405", "500", "503", "507"];
+
+/// Readiness components (`history_view_ready{component}`), as `/readyz` reports them.
+const READY_COMPONENTS: [&str; 2] = ["nats", "store"];
+
+/// A persister lag below zero by more than the `_id`'s whole second, or above a day, is a clock (or a fixture), not
+/// a lag: counted apart, kept out of the histogram.
+const PERSISTER_LAG_FLOOR_NS: i128 = -1_000_000_000;
+const PERSISTER_LAG_CEILING_NS: i128 = 86_400 * 1_000_000_000;
+
 /// Handles to every metric; cloning is cheap (one `Arc`).
 #[derive(Clone)]
 pub struct Metrics {
@@ -190,6 +243,19 @@ struct Inner {
     jetstream_pending: IntGaugeVec,
     jetstream_resumes: IntCounterVec,
     read_routes: IntCounterVec,
+    shadow_checks: IntCounterVec,
+    /// `history_view_shadow_checks_total{result="dropped"}`, resolved once: with a high sample, most reads count it.
+    shadow_dropped: IntCounter,
+    shadow_events: IntCounterVec,
+    shadow_check_delay_seconds: prometheus::Histogram,
+    shadow_heals: IntCounter,
+    covered_through_age_seconds: prometheus::Gauge,
+    ready: IntGaugeVec,
+    nats_connected: IntGauge,
+    read_errors: IntCounterVec,
+    store_errors: IntCounterVec,
+    persister_lag_out_of_range: IntCounterVec,
+    cache_budget_bytes: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -198,6 +264,9 @@ const LATENCY_BUCKETS: &[f64] = &[
 const LAG_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
 /// Persister lag is read from an ObjectId, which counts whole seconds; finer buckets would be noise.
 const PERSISTER_LAG_BUCKETS: &[f64] = &[0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0];
+/// A shadow check runs the persister-lag bound after its read, later when the store is slow or a failure waits out
+/// the gap window.
+const SHADOW_DELAY_BUCKETS: &[f64] = &[0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0];
 
 impl Metrics {
     /// Creates the metrics on a fresh registry.
@@ -225,6 +294,15 @@ impl Metrics {
                 "history_view_events_total",
                 "NATS messages received, by outcome",
                 &["outcome"],
+            ),
+        );
+        let shadow_checks = register(
+            &registry,
+            &mut described,
+            counter_vec(
+                "history_view_shadow_checks_total",
+                "Shadow checks of reads answered from memory, by result (match, ahead, uncertain, window, late, differs, missing, dropped, error)",
+                &["result"],
             ),
         );
         let inner = Inner {
@@ -424,12 +502,203 @@ impl Metrics {
                     &["route"],
                 ),
             ),
+            shadow_dropped: shadow_checks.with_label_values(&["dropped"]),
+            shadow_checks,
+            shadow_events: register(&registry, &mut described,
+                counter_vec(
+                    "history_view_shadow_events_total",
+                    "Events compared by shadow checks, by finding (match, ahead, uncertain, window, late, differs, missing)",
+                    &["result"],
+                ),
+            ),
+            shadow_check_delay_seconds: register(&registry, &mut described,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "history_view_shadow_check_delay_seconds",
+                        "Time from a sampled read to its shadow check's judgement",
+                    )
+                    .buckets(SHADOW_DELAY_BUCKETS.to_vec()),
+                )
+                .expect("valid metric"),
+            ),
+            shadow_heals: register(&registry, &mut described,
+                counter(
+                    "history_view_shadow_heals_total",
+                    "Complete views made partial by a failed shadow check (their next read hydrates)",
+                ),
+            ),
+            covered_through_age_seconds: register(&registry, &mut described,
+                prometheus::Gauge::new(
+                    "history_view_covered_through_age_seconds",
+                    "Age of the instant up to which answers from memory hold every event that reached NATS (since the start while none is known)",
+                )
+                .expect("valid metric"),
+            ),
+            ready: register(&registry, &mut described,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "history_view_ready",
+                        "Readiness by component (nats, store), as /readyz reports it: 1 ready, 0 not",
+                    ),
+                    &["component"],
+                )
+                .expect("valid metric"),
+            ),
+            nats_connected: register(&registry, &mut described,
+                IntGauge::new(
+                    "history_view_nats_connected",
+                    "Whether the NATS connection is up (1) or not (0)",
+                )
+                .expect("valid metric"),
+            ),
+            read_errors: register(&registry, &mut described,
+                counter_vec(
+                    "history_view_read_errors_total",
+                    "API answers that are neither 2xx nor 304, by HTTP status code",
+                    &["code"],
+                ),
+            ),
+            store_errors: register(&registry, &mut described,
+                counter_vec(
+                    "history_view_store_errors_total",
+                    "Store queries and pings that failed, by kind (timeout, unavailable, failed, rejected)",
+                    &["kind"],
+                ),
+            ),
+            persister_lag_out_of_range: register(&registry, &mut described,
+                counter_vec(
+                    "history_view_persister_lag_out_of_range_total",
+                    "Rows read from the store whose persister lag is not a lag: _id time more than its whole second \
+                     before created_at (side=negative) or more than a day after it (side=too_large); kept out of \
+                     history_view_persister_lag_seconds",
+                    &["side"],
+                ),
+            ),
+            cache_budget_bytes: register(&registry, &mut described,
+                IntGauge::new(
+                    "history_view_cache_budget_bytes",
+                    "The view cache's byte budget (HISTORY_VIEW_CACHE_MAX_BYTES)",
+                )
+                .expect("valid metric"),
+            ),
             registry,
             described,
         };
+        // The label values this module owns, at zero from the start.
+        let preset = |vec: &IntCounterVec, values: &[&str]| {
+            for value in values {
+                vec.with_label_values(&[value]);
+            }
+        };
+        preset(&inner.hydrations, &["ok", "error"]);
+        preset(
+            &inner.fills,
+            &[
+                FillOutcome::Complete,
+                FillOutcome::Partial,
+                FillOutcome::Error,
+            ]
+            .map(FillOutcome::label),
+        );
+        preset(
+            &inner.rereads,
+            &[
+                RereadResult::Complete,
+                RereadResult::Partial,
+                RereadResult::Error,
+            ]
+            .map(RereadResult::label),
+        );
+        preset(
+            &inner.jetstream_resumes,
+            &[ResumeOutcome::Continued, ResumeOutcome::Gap].map(ResumeOutcome::label),
+        );
+        preset(
+            &inner.read_routes,
+            &[
+                ReadRoute::Local,
+                ReadRoute::Forwarded,
+                ReadRoute::OwnerUnreachable,
+                ReadRoute::Loop,
+            ]
+            .map(ReadRoute::label),
+        );
+        preset(
+            &inner.http_refused,
+            &[HttpRefusal::Connections, HttpRefusal::InFlight].map(HttpRefusal::label),
+        );
+        preset(
+            &inner.http_timeouts,
+            &[HttpTimeout::Header, HttpTimeout::Idle].map(HttpTimeout::label),
+        );
+        preset(&inner.read_errors, &READ_ERROR_CODES);
+        preset(
+            &inner.persister_lag_out_of_range,
+            &["negative", "too_large"],
+        );
+        for component in READY_COMPONENTS {
+            inner.ready.with_label_values(&[component]);
+        }
         Self {
             inner: Arc::new(inner),
         }
+    }
+
+    /// Exports `metric`'s series for each of `values` at zero (values another module owns).
+    pub fn preset(&self, metric: Labelled, values: &[&str]) {
+        let inner = &self.inner;
+        for value in values {
+            let labels = [*value];
+            match metric {
+                Labelled::ReadSource => drop(inner.read_seconds.with_label_values(&labels)),
+                Labelled::StoreQueryKind => drop(inner.store_queries.with_label_values(&labels)),
+                Labelled::StoreQueryStage => {
+                    drop(inner.store_query_seconds.with_label_values(&labels));
+                }
+                Labelled::StoreErrorKind => drop(inner.store_errors.with_label_values(&labels)),
+                Labelled::ThreadLimitPath => {
+                    drop(inner.thread_limit_exceeded.with_label_values(&labels));
+                }
+                Labelled::ShadowCheck => drop(inner.shadow_checks.with_label_values(&labels)),
+                Labelled::ShadowEvent => drop(inner.shadow_events.with_label_values(&labels)),
+                Labelled::NatsConnectionEvent => {
+                    drop(inner.nats_connection_events.with_label_values(&labels));
+                }
+            }
+        }
+    }
+
+    /// Readiness as `/readyz` sees it now (set when `/metrics` is scraped).
+    pub fn readiness(&self, nats: bool, store: bool, nats_connected: bool) {
+        let inner = &self.inner;
+        inner
+            .ready
+            .with_label_values(&["nats"])
+            .set(i64::from(nats));
+        inner
+            .ready
+            .with_label_values(&["store"])
+            .set(i64::from(store));
+        inner.nats_connected.set(i64::from(nats_connected));
+    }
+
+    /// An API answer that is neither 2xx nor 304 (its status is the `code` label; the common ones are preset).
+    pub fn read_error(&self, status: u16) {
+        self.inner
+            .read_errors
+            .with_label_values(&[&status.to_string()])
+            .inc();
+    }
+
+    /// A store query or ping failed; `kind` is the store's `StoreError::kind`.
+    pub fn store_error(&self, kind: &'static str) {
+        self.inner.store_errors.with_label_values(&[kind]).inc();
+    }
+
+    pub fn cache_budget(&self, bytes: u64) {
+        self.inner
+            .cache_budget_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Every metric's name and label names, in registration order.
@@ -447,18 +716,16 @@ impl Metrics {
         self.inner.http_connections.dec();
     }
     pub fn http_refused(&self, reason: HttpRefusal) {
-        let label = match reason {
-            HttpRefusal::Connections => "connections",
-            HttpRefusal::InFlight => "in_flight",
-        };
-        self.inner.http_refused.with_label_values(&[label]).inc();
+        self.inner
+            .http_refused
+            .with_label_values(&[reason.label()])
+            .inc();
     }
     pub fn http_timeout(&self, kind: HttpTimeout) {
-        let label = match kind {
-            HttpTimeout::Header => "header",
-            HttpTimeout::Idle => "idle",
-        };
-        self.inner.http_timeouts.with_label_values(&[label]).inc();
+        self.inner
+            .http_timeouts
+            .with_label_values(&[kind.label()])
+            .inc();
     }
     /// A thread stopped by `HISTORY_VIEW_MAX_THREAD_BYTES`; `path` is the cache's `LimitPath::label`.
     pub fn thread_limit_exceeded(&self, path: &'static str) {
@@ -570,14 +837,59 @@ impl Metrics {
             .with_label_values(&[stream])
             .set(i64::try_from(pending).unwrap_or(i64::MAX));
     }
-    /// Records one stored row's persister lag; returns whether it exceeds `bound` (the caller warns).
-    pub fn persister_lag(&self, lag: Duration, bound: Duration) -> bool {
-        self.inner.persister_lag_seconds.observe(lag.as_secs_f64());
-        let exceeded = lag > bound;
-        if exceeded {
-            self.inner.persister_lag_exceeded.inc();
+    /// Records one stored row's persister lag (`_id` time minus `created_at`, in ns; the `_id` counts whole
+    /// seconds, so a lag down to one second below zero is a row stored within its second, counted as 0); returns
+    /// whether it exceeds `bound` (the caller warns). A lag further below zero or above a day says the clocks (or
+    /// the row's `created_at`) are off: it is counted apart and kept out of the histogram and the bound's count.
+    pub fn persister_lag(&self, lag_ns: i128, bound: Duration) -> bool {
+        let side = if lag_ns < PERSISTER_LAG_FLOOR_NS {
+            "negative"
+        } else if lag_ns > PERSISTER_LAG_CEILING_NS {
+            "too_large"
+        } else {
+            let lag = Duration::from_nanos(u64::try_from(lag_ns.max(0)).unwrap_or(u64::MAX));
+            self.inner.persister_lag_seconds.observe(lag.as_secs_f64());
+            let exceeded = lag > bound;
+            if exceeded {
+                self.inner.persister_lag_exceeded.inc();
+            }
+            return exceeded;
+        };
+        self.inner
+            .persister_lag_out_of_range
+            .with_label_values(&[side])
+            .inc();
+        false
+    }
+    /// One shadow check's result (a `label()` of `shadow::Verdict`).
+    pub fn shadow_check(&self, result: &'static str) {
+        self.inner.shadow_checks.with_label_values(&[result]).inc();
+    }
+    /// A sampled read not checked (over the rate limit, or its thread is being checked).
+    pub fn shadow_dropped(&self) {
+        self.inner.shadow_dropped.inc();
+    }
+    /// Events a shadow check compared with one finding (or `window`).
+    pub fn shadow_events(&self, result: &'static str, n: u64) {
+        if n > 0 {
+            self.inner
+                .shadow_events
+                .with_label_values(&[result])
+                .inc_by(n);
         }
-        exceeded
+    }
+    pub fn shadow_check_delay(&self, delay: Duration) {
+        self.inner
+            .shadow_check_delay_seconds
+            .observe(delay.as_secs_f64());
+    }
+    pub fn shadow_heal(&self) {
+        self.inner.shadow_heals.inc();
+    }
+    pub fn covered_through_age(&self, age: Duration) {
+        self.inner
+            .covered_through_age_seconds
+            .set(age.as_secs_f64());
     }
     pub fn malformed_warnings(&self, count: usize) {
         self.inner.malformed_warnings.inc_by(count as u64);
@@ -620,11 +932,82 @@ impl Default for Metrics {
 mod tests {
     use super::*;
 
+    fn sample(rendered: &str, series: &str) -> Option<f64> {
+        rendered
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn a_lag_outside_zero_to_a_day_is_counted_apart_and_kept_out_of_the_histogram() {
+        let metrics = Metrics::new();
+        let bound = Duration::from_secs(2);
+        let second: i128 = 1_000_000_000;
+        // Stored within the second its `_id` counts: not negative, observed as 0.
+        assert!(!metrics.persister_lag(-second / 2, bound));
+        assert!(metrics.persister_lag(3 * second, bound));
+        // A publisher clock ahead by 5 s, one row created at the epoch, one two days late.
+        assert!(!metrics.persister_lag(-5 * second, bound));
+        assert!(!metrics.persister_lag(1_800_000_000 * second, bound));
+        assert!(!metrics.persister_lag(2 * 86_400 * second, bound));
+        let rendered = metrics.render();
+        assert_eq!(
+            sample(&rendered, "history_view_persister_lag_seconds_count"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&rendered, "history_view_persister_lag_seconds_sum"),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(&rendered, "history_view_persister_lag_exceeded_total"),
+            Some(1.0)
+        );
+        let side = |side: &str| {
+            sample(
+                &rendered,
+                &format!("history_view_persister_lag_out_of_range_total{{side=\"{side}\"}}"),
+            )
+        };
+        assert_eq!(side("negative"), Some(1.0));
+        assert_eq!(side("too_large"), Some(2.0));
+    }
+
+    #[test]
+    fn labelled_counters_are_exported_at_zero_from_the_start() {
+        let metrics = Metrics::new();
+        metrics.preset(Labelled::ShadowCheck, &["missing"]);
+        let rendered = metrics.render();
+        for series in [
+            "history_view_http_refused_total{reason=\"connections\"}",
+            "history_view_http_refused_total{reason=\"in_flight\"}",
+            "history_view_http_timeouts_total{kind=\"header\"}",
+            "history_view_read_errors_total{code=\"503\"}",
+            "history_view_hydrations_total{result=\"error\"}",
+            "history_view_shadow_checks_total{result=\"missing\"}",
+            "history_view_ready{component=\"store\"}",
+        ] {
+            assert_eq!(sample(&rendered, series), Some(0.0), "{series}");
+        }
+        metrics.read_error(503);
+        metrics.read_error(418);
+        let rendered = metrics.render();
+        assert_eq!(
+            sample(&rendered, "history_view_read_errors_total{code=\"503\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&rendered, "history_view_read_errors_total{code=\"418\"}"),
+            Some(1.0)
+        );
+    }
+
     /// Dashboards and alerts name these metrics and labels: a rename here is a breaking change for operators.
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 28] = [
+        let pinned: [(&str, &[&str]); 39] = [
             ("history_view_events_total", &["outcome"]),
+            ("history_view_shadow_checks_total", &["result"]),
             ("history_view_cache_hits_total", &[]),
             ("history_view_cache_misses_total", &[]),
             ("history_view_hydrations_total", &["result"]),
@@ -652,6 +1035,16 @@ mod tests {
             ("history_view_jetstream_pending", &["stream"]),
             ("history_view_jetstream_resumes_total", &["outcome"]),
             ("history_view_read_routes_total", &["route"]),
+            ("history_view_shadow_events_total", &["result"]),
+            ("history_view_shadow_check_delay_seconds", &[]),
+            ("history_view_shadow_heals_total", &[]),
+            ("history_view_covered_through_age_seconds", &[]),
+            ("history_view_ready", &["component"]),
+            ("history_view_nats_connected", &[]),
+            ("history_view_read_errors_total", &["code"]),
+            ("history_view_store_errors_total", &["kind"]),
+            ("history_view_persister_lag_out_of_range_total", &["side"]),
+            ("history_view_cache_budget_bytes", &[]),
         ];
         let metrics = Metrics::new();
         let described: Vec<(&str, Vec<&str>)> = metrics

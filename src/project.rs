@@ -124,7 +124,7 @@ pub struct Projection {
 /// Displays on which a `UserAgent` marker landed: the client-visible surfaces ([contract
 /// 5.1](../docs/contract.md#5.1)). Computed over every event, malformed ones included: a malformed marker still makes
 /// its display visible.
-fn visible_displays<'a>(events: impl IntoIterator<Item = &'a ViewEvent>) -> HashSet<&'a str> {
+pub fn visible_displays<'a>(events: impl IntoIterator<Item = &'a ViewEvent>) -> HashSet<&'a str> {
     events
         .into_iter()
         .filter(|e| e.is_marker())

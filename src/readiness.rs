@@ -61,6 +61,11 @@ impl Readiness {
         self.inner.connected.store(connected, Ordering::Release);
     }
 
+    /// Whether the NATS connection is up.
+    pub fn nats_connected(&self) -> bool {
+        self.inner.connected.load(Ordering::Acquire)
+    }
+
     /// Records whether the display-event subscription exists.
     pub fn set_subscribed(&self, subscribed: bool) {
         self.inner.subscribed.store(subscribed, Ordering::Release);

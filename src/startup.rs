@@ -14,7 +14,11 @@ use tokio_util::task::TaskTracker;
 use crate::cache::ViewCache;
 use crate::config::{Config, Source};
 use crate::coverage::Coverage;
-use crate::http::{AppState, Peers, TokenDigest, accept_loop, reserve_router, router};
+use crate::freshness::Freshness;
+use crate::http::{
+    AppState, ConnectionLimits, Peers, RESERVED_CONNECTIONS, TokenDigest, accept_loop,
+    probe_router, reserve_router, router,
+};
 use crate::ingest::{self, Ingest, ProbeSubscription};
 use crate::jetstream::JetStreamSource;
 use crate::metrics::Metrics;
@@ -28,6 +32,8 @@ pub const OPENAPI_YAML: &str = include_str!("../docs/openapi.yaml");
 pub struct Application {
     config: Config,
     listener: TcpListener,
+    /// `HISTORY_VIEW_PROBE_LISTEN`: the probes' own listener, if any.
+    probe_listener: Option<TcpListener>,
     state: AppState,
     store: Store,
     nats: async_nats::Client,
@@ -35,6 +41,7 @@ pub struct Application {
     core: Option<(async_nats::Subscriber, ProbeSubscription)>,
     connection_events: mpsc::Receiver<async_nats::Event>,
     coverage: Coverage,
+    freshness: Freshness,
 }
 
 /// Converts the OpenAPI YAML into the JSON served.
@@ -66,10 +73,12 @@ impl Application {
         )
         .await
         .context("invalid --mongodb-uri (HISTORY_VIEW_MONGODB_URI)")?;
+        let freshness = Freshness::new();
         let views = ViewCache::new(
             store.clone(),
             metrics.clone(),
             coverage.clone(),
+            freshness.clone(),
             config.cache_settings(),
         );
 
@@ -113,6 +122,12 @@ impl Application {
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {} (--listen)", config.listen))?;
+        let probe_listener = match config.probe_listen {
+            Some(address) => Some(TcpListener::bind(address).await.with_context(|| {
+                format!("cannot listen on {address} (--probe-listen, HISTORY_VIEW_PROBE_LISTEN)")
+            })?),
+            None => None,
+        };
         let state = AppState {
             views,
             metrics,
@@ -131,12 +146,14 @@ impl Application {
         Ok(Self {
             config,
             listener,
+            probe_listener,
             state,
             store,
             nats,
             core,
             connection_events,
             coverage,
+            freshness,
         })
     }
 
@@ -154,12 +171,14 @@ impl Application {
         let Application {
             config,
             listener,
+            probe_listener,
             state,
             store,
             nats,
             core,
             connection_events,
             coverage,
+            freshness,
         } = self;
         let address = listener
             .local_addr()
@@ -171,14 +190,16 @@ impl Application {
             state.metrics.clone(),
             state.readiness.clone(),
             coverage.clone(),
+            freshness,
         );
         if nats.connection_state() == async_nats::connection::State::Connected {
             state.readiness.set_connected(true);
         }
         let (subscriber, probe) = core.unzip();
+        let (watcher_probe, probes) = probe.map(ProbeSubscription::split).unzip();
         tracker.spawn(ingest.clone().watch_connection(
             nats.clone(),
-            probe,
+            watcher_probe,
             connection_events,
             stop.clone(),
         ));
@@ -190,7 +211,7 @@ impl Application {
         );
         let mut ingest_task = match subscriber {
             Some(subscriber) => {
-                let run = ingest.run(subscriber, stop.clone());
+                let run = ingest.run(subscriber, probes, stop.clone());
                 tracker.spawn(async move {
                     run.await
                         .map_err(|()| anyhow::anyhow!("the NATS subscription ended"))
@@ -221,7 +242,23 @@ impl Application {
             connections.clone(),
             stop.clone(),
         ));
-        tracing::info!(address = %address, subject = %config.subject, source = ?config.source, "chat-history-view started");
+        if let Some(probe_listener) = probe_listener {
+            // The probes' own listener: nothing but the probes and /metrics, so API clients cannot fill it.
+            let limits = ConnectionLimits {
+                max_connections: RESERVED_CONNECTIONS,
+                ..config.connection_limits()
+            };
+            tracker.spawn(accept_loop(
+                probe_listener,
+                probe_router(state.clone()),
+                probe_router(state.clone()),
+                limits,
+                state.metrics.clone(),
+                connections.clone(),
+                stop.clone(),
+            ));
+        }
+        tracing::info!(address = %address, probe_address = ?config.probe_listen, subject = %config.subject, source = ?config.source, "chat-history-view started");
 
         let outcome = tokio::select! {
             () = shutdown => Ok(()),

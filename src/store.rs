@@ -27,7 +27,8 @@ use crate::coverage::Coverage;
 use crate::decode::{
     DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, Family, USER_AGENT, ViewEvent, decode_row,
 };
-use crate::metrics::Metrics;
+use crate::metrics::{Labelled, Metrics};
+use crate::shadow::StoredRow;
 use crate::subject::KEY_FIELDS;
 use crate::telemetry::RateLimit;
 use crate::view::{display_bytes, event_bytes};
@@ -46,6 +47,8 @@ const FILL_POOL_SIZE: u32 = 2;
 pub enum Hydration {
     OnRead,
     Reread,
+    /// A shadow check's read ([`crate::shadow`]), on a connection pool of its own.
+    Shadow,
 }
 
 /// The store queries, by what they are for.
@@ -60,6 +63,16 @@ pub enum QueryKind {
 }
 
 impl QueryKind {
+    pub const ALL: [QueryKind; 7] = [
+        QueryKind::Markers(Hydration::OnRead),
+        QueryKind::Events(Hydration::OnRead),
+        QueryKind::Markers(Hydration::Reread),
+        QueryKind::Events(Hydration::Reread),
+        QueryKind::Markers(Hydration::Shadow),
+        QueryKind::Events(Hydration::Shadow),
+        QueryKind::Fill,
+    ];
+
     /// The `kind` label of `history_view_store_queries_total`.
     pub fn label(self) -> &'static str {
         match self {
@@ -67,6 +80,8 @@ impl QueryKind {
             QueryKind::Events(Hydration::OnRead) => "hydration_events",
             QueryKind::Markers(Hydration::Reread) => "reread_markers",
             QueryKind::Events(Hydration::Reread) => "reread_events",
+            QueryKind::Markers(Hydration::Shadow) => "shadow_markers",
+            QueryKind::Events(Hydration::Shadow) => "shadow_events",
             QueryKind::Fill => "fill",
         }
     }
@@ -100,6 +115,21 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The `kind` labels of `history_view_store_errors_total`.
+    pub const KINDS: [&'static str; 4] = ["timeout", "unavailable", "failed", "rejected"];
+
+    /// Its `kind` label; `None` for a thread over the per-thread limit (the store answered; counted by
+    /// `history_view_thread_limit_exceeded_total`).
+    pub fn kind(&self) -> Option<&'static str> {
+        match self {
+            StoreError::Timeout(_) => Some(Self::KINDS[0]),
+            StoreError::Query(_) if self.is_outage() => Some(Self::KINDS[1]),
+            StoreError::Query(_) => Some(Self::KINDS[2]),
+            StoreError::Rejected(_) => Some(Self::KINDS[3]),
+            StoreError::TooLarge { .. } => None,
+        }
+    }
+
     /// Whether the failure means the store is unreachable or stalled (so aihub's persister most likely could not
     /// write either), as opposed to a command the store answered with an error.
     ///
@@ -185,6 +215,18 @@ pub trait StoreReads: Send + Sync + 'static {
         bounds: Bounds,
     ) -> impl Future<Output = Result<Vec<ViewEvent>, StoreError>> + Send;
 
+    /// A shadow check's stage 2: the projectable rows on `displays` in store order, each with its `_id` time, on the
+    /// shadow checks' own connection pool.
+    ///
+    /// # Errors
+    /// As for stage 2.
+    fn stored_rows(
+        &self,
+        thread_id: &str,
+        displays: &[String],
+        bounds: Bounds,
+    ) -> impl Future<Output = Result<Vec<StoredRow>, StoreError>> + Send;
+
     /// A fill: the projectable events of the given displays of a batch of threads, in one query, unsorted. A
     /// display id of one thread may also occur in another: the caller keeps each view's rows.
     ///
@@ -219,6 +261,8 @@ struct Inner {
     timeout: Duration,
     /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
     persist_lag: Duration,
+    /// Whether shadow checks run (their client is made with the others).
+    shadow: bool,
     metrics: Metrics,
     /// Told the outcome of every query and ping, in one place ([`Store::bounded`]): an outage ends coverage, the
     /// first answer after one starts it again.
@@ -233,6 +277,8 @@ struct Clients {
     collection: Collection<RawDocumentBuf>,
     /// The same collection through the fills' own client.
     fill_collection: Collection<RawDocumentBuf>,
+    /// The same collection through the shadow checks' own client, when they are on.
+    shadow_collection: Option<Collection<RawDocumentBuf>>,
 }
 
 /// What the store client is configured with.
@@ -246,6 +292,8 @@ pub struct StoreSettings {
     pub timeout: Duration,
     /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
     pub persist_lag: Duration,
+    /// Whether shadow checks run (they get a connection pool of their own).
+    pub shadow: bool,
 }
 
 /// The index hints of the store queries; `None` disables one.
@@ -316,9 +364,19 @@ impl Store {
             hints,
             timeout,
             persist_lag,
+            shadow,
         } = settings;
         // The syntax and the options are checked now, without DNS.
         ConnectionString::parse(uri)?;
+        metrics.preset(
+            Labelled::StoreQueryKind,
+            &QueryKind::ALL.map(QueryKind::label),
+        );
+        metrics.preset(
+            Labelled::StoreQueryStage,
+            &QueryKind::ALL.map(QueryKind::stage),
+        );
+        metrics.preset(Labelled::StoreErrorKind, &StoreError::KINDS);
         let store = Self {
             inner: Arc::new(Inner {
                 uri: uri.to_owned(),
@@ -329,6 +387,7 @@ impl Store {
                 display_hint: IndexHint::new(hints.display),
                 timeout,
                 persist_lag,
+                shadow,
                 metrics,
                 coverage,
                 lag_warnings: RateLimit::default(),
@@ -373,7 +432,19 @@ impl Store {
                 // thread, so it must not queue behind other threads' hydrations for a connection.
                 let mut fill_options = options.clone();
                 fill_options.max_pool_size = Some(FILL_POOL_SIZE);
-                let fill_client = Client::with_options(fill_options).map_err(StoreError::Query)?;
+                let fill_client =
+                    Client::with_options(fill_options.clone()).map_err(StoreError::Query)?;
+                // Shadow checks likewise: they must never delay a read or a hydration.
+                let shadow_collection = if inner.shadow {
+                    let client = Client::with_options(fill_options).map_err(StoreError::Query)?;
+                    Some(
+                        client
+                            .database(&inner.database_name)
+                            .collection(&inner.collection_name),
+                    )
+                } else {
+                    None
+                };
                 let client = Client::with_options(options).map_err(StoreError::Query)?;
                 let database = client.database(&inner.database_name);
                 Ok(Clients {
@@ -381,6 +452,7 @@ impl Store {
                     fill_collection: fill_client
                         .database(&inner.database_name)
                         .collection(&inner.collection_name),
+                    shadow_collection,
                     database,
                 })
             })
@@ -401,8 +473,14 @@ impl Store {
         let coverage = &self.inner.coverage;
         match &result {
             Ok(_) => coverage.store_answered(coverage.now()),
-            Err(error) if error.is_outage() => coverage.store_failed(),
-            Err(_) => {}
+            Err(error) => {
+                if error.is_outage() {
+                    coverage.store_failed();
+                }
+                if let Some(kind) = error.kind() {
+                    self.inner.metrics.store_error(kind);
+                }
+            }
         }
         result
     }
@@ -440,13 +518,14 @@ impl Store {
     async fn find_displays(
         &self,
         thread_id: &str,
+        hydration: Hydration,
         hint: Option<&str>,
         bounds: Bounds,
     ) -> Result<VisibleDisplays, StoreError> {
         let mut action = self
             .clients()
             .await?
-            .collection
+            .for_query(hydration == Hydration::Shadow, false)
             .aggregate(markers_pipeline(thread_id))
             .max_time(time_left(bounds.deadline));
         if let Some(hint) = hint {
@@ -484,14 +563,15 @@ impl Store {
     /// Stage 2 (sorted, in projection order) or a fill (unsorted: the view orders what it holds): the rows that
     /// `filter` selects, decoded as the cursor yields them, stopped with [`StoreError::TooLarge`] (its `limit` is
     /// the budget here; callers name their own) as soon as the compact events exceed `bounds.budget` bytes.
-    async fn find_events(
+    async fn find_events<T>(
         &self,
         collection: &Collection<RawDocumentBuf>,
         filter: Document,
         sort: Option<Document>,
         hint: Option<&str>,
         bounds: Bounds,
-    ) -> Result<Vec<ViewEvent>, StoreError> {
+        keep: fn(ViewEvent, Option<ObjectId>) -> T,
+    ) -> Result<Vec<T>, StoreError> {
         let mut action = collection
             .find(filter)
             .projection(projection())
@@ -514,10 +594,11 @@ impl Store {
                         limit: bounds.budget,
                     });
                 }
-                if let (Ok(id), Ok(created_at)) = (row.get_object_id("_id"), event.created_at) {
+                let id = row.get_object_id("_id").ok();
+                if let (Some(id), Ok(created_at)) = (id, event.created_at) {
                     self.observe_persister_lag(id, created_at, &event);
                 }
-                events.push(event);
+                events.push(keep(event, id));
             }
         }
         Ok(events)
@@ -528,10 +609,10 @@ impl Store {
     /// completeness rule assumes.
     fn observe_persister_lag(&self, id: ObjectId, created_at_ns: i64, event: &ViewEvent) {
         let persisted_ns = i128::from(id.timestamp().timestamp_millis()) * 1_000_000;
-        let lag_ns = (persisted_ns - i128::from(created_at_ns)).max(0);
-        let lag = Duration::from_nanos(u64::try_from(lag_ns).unwrap_or(u64::MAX));
+        let lag_ns = persisted_ns - i128::from(created_at_ns);
         let bound = self.inner.persist_lag;
-        if self.inner.metrics.persister_lag(lag, bound) && self.inner.lag_warnings.allow() {
+        if self.inner.metrics.persister_lag(lag_ns, bound) && self.inner.lag_warnings.allow() {
+            let lag = Duration::from_nanos(u64::try_from(lag_ns).unwrap_or(u64::MAX));
             let key = &event.key;
             tracing::warn!(
                 thread_id = key.thread_id(),
@@ -588,7 +669,7 @@ impl StoreReads for Store {
             .bounded(
                 bounds.deadline,
                 self.with_hint_fallback(&self.inner.thread_hint, |hint| {
-                    self.find_displays(thread_id, hint, bounds)
+                    self.find_displays(thread_id, hydration, hint, bounds)
                 }),
             )
             .await?;
@@ -603,11 +684,25 @@ impl StoreReads for Store {
         hydration: Hydration,
         bounds: Bounds,
     ) -> Result<Vec<ViewEvent>, StoreError> {
-        let displays: Vec<Bson> = displays.iter().map(|d| Bson::from(d.as_str())).collect();
-        self.events_query(
-            QueryKind::Events(hydration),
-            events_filter(thread_id, &displays),
+        self.stage_two(hydration, thread_id, displays, bounds, |event, _| event)
+            .await
+    }
+
+    async fn stored_rows(
+        &self,
+        thread_id: &str,
+        displays: &[String],
+        bounds: Bounds,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        self.stage_two(
+            Hydration::Shadow,
+            thread_id,
+            displays,
             bounds,
+            |event, id| StoredRow {
+                event,
+                persisted_ms: id.map(|id| id.timestamp().timestamp_millis()),
+            },
         )
         .await
     }
@@ -622,21 +717,59 @@ impl StoreReads for Store {
             .iter()
             .flat_map(|(_, displays)| displays.iter().map(|d| Bson::from(&**d)))
             .collect();
-        self.events_query(QueryKind::Fill, fill_filter(&threads, &displays), bounds)
-            .await
+        self.events_query(
+            QueryKind::Fill,
+            fill_filter(&threads, &displays),
+            bounds,
+            |event, _| event,
+        )
+        .await
+    }
+}
+
+impl Clients {
+    /// The collection through the client a query runs on: the shadow checks' (when on), the fills', or the main one.
+    fn for_query(&self, shadow: bool, fill: bool) -> &Collection<RawDocumentBuf> {
+        match (&self.shadow_collection, fill) {
+            (Some(collection), _) if shadow => collection,
+            _ if shadow || fill => &self.fill_collection,
+            _ => &self.collection,
+        }
     }
 }
 
 impl Store {
-    /// Stage 2 (sorted, the hydration index, the main pool) or a fill (unsorted, the display index, the fills' own
-    /// pool): the events `filter` selects, within `bounds`, recorded as `kind`.
-    async fn events_query(
+    /// Stage 2 of `thread_id` over `displays` for `hydration`, each row kept as `keep` makes it.
+    async fn stage_two<T>(
+        &self,
+        hydration: Hydration,
+        thread_id: &str,
+        displays: &[String],
+        bounds: Bounds,
+        keep: fn(ViewEvent, Option<ObjectId>) -> T,
+    ) -> Result<Vec<T>, StoreError> {
+        let displays: Vec<Bson> = displays.iter().map(|d| Bson::from(d.as_str())).collect();
+        self.events_query(
+            QueryKind::Events(hydration),
+            events_filter(thread_id, &displays),
+            bounds,
+            keep,
+        )
+        .await
+    }
+
+    /// Stage 2 (sorted, the hydration index, the main pool), a shadow check's stage 2 (sorted, its own pool) or a
+    /// fill (unsorted, the display index, the fills' own pool): the rows `filter` selects, within `bounds`, recorded
+    /// as `kind`, each kept as `keep` makes it.
+    async fn events_query<T>(
         &self,
         kind: QueryKind,
         filter: Document,
         bounds: Bounds,
-    ) -> Result<Vec<ViewEvent>, StoreError> {
+        keep: fn(ViewEvent, Option<ObjectId>) -> T,
+    ) -> Result<Vec<T>, StoreError> {
         let fill = kind == QueryKind::Fill;
+        let shadow = kind == QueryKind::Events(Hydration::Shadow);
         let hint = if fill {
             &self.inner.display_hint
         } else {
@@ -646,14 +779,10 @@ impl Store {
         let events = self
             .bounded(bounds.deadline, async {
                 let clients = self.clients().await?;
-                let collection = if fill {
-                    &clients.fill_collection
-                } else {
-                    &clients.collection
-                };
+                let collection = clients.for_query(shadow, fill);
                 self.with_hint_fallback(hint, |hint| {
                     let sort = (!fill).then(events_sort);
-                    self.find_events(collection, filter.clone(), sort, hint, bounds)
+                    self.find_events(collection, filter.clone(), sort, hint, bounds, keep)
                 })
                 .await
             })

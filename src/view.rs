@@ -323,6 +323,11 @@ impl ThreadView {
         self.version
     }
 
+    /// Every event held, in no particular order (the rejected ones included: they count for visibility).
+    pub fn events(&self) -> impl Iterator<Item = &ViewEvent> + Clone {
+        self.events.iter().chain(&self.rejected)
+    }
+
     /// Number of distinct events held.
     pub fn len(&self) -> usize {
         self.events.len() + self.rejected.len()

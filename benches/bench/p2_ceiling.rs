@@ -93,6 +93,7 @@ async fn serve(
         store,
         metrics.clone(),
         coverage.clone(),
+        chat_history_view::freshness::Freshness::new(),
         config.cache_settings(),
     );
     let state = AppState {

@@ -16,7 +16,7 @@
 //!   queue; everyone else waits for the job's outcome ([`super::work`]).
 //! - The byte counts are atomics, so weighing an entry never waits for its view.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 use super::render::{Answer, Rendering, Source};
@@ -56,6 +56,9 @@ pub struct Entry {
     pub too_large: AtomicBool,
     /// Whether stage 1's skipped markers were warned about for this entry.
     pub skipped_markers_warned: AtomicBool,
+    /// Milliseconds since the Unix epoch up to which the last store read merged into the view covers the thread
+    /// (its start less the persister-lag bound); 0: none yet.
+    pub stored_through: AtomicU64,
 }
 
 /// A locked view ([`Entry::lock_view`]). Letting go of it applies the events that waited meanwhile, records the
@@ -155,7 +158,14 @@ impl Entry {
             store: StoreSide::new(),
             too_large: AtomicBool::new(false),
             skipped_markers_warned: AtomicBool::new(false),
+            stored_through: AtomicU64::new(0),
         }
+    }
+
+    /// Up to when the last store read merged into the view covers the thread.
+    pub fn stored_through(&self) -> Option<std::time::SystemTime> {
+        let ms = self.stored_through.load(Ordering::Acquire);
+        (ms > 0).then(|| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
     }
 
     /// Bytes held: the view and its last rendered answer (as of their last change).

@@ -13,6 +13,7 @@ use super::work::{Begin, Outcome, Ticket};
 use super::{LimitPath, ReadError, ViewCache};
 use crate::coverage::{Stamp, Verdict};
 use crate::decode::ViewEvent;
+use crate::freshness;
 use crate::metrics::RereadResult;
 use crate::project::Identity;
 use crate::store::{Bounds, Hydration, StoreError, StoreReads, VisibleDisplays};
@@ -57,6 +58,7 @@ impl<S: StoreReads> ViewCache<S> {
             return Err(ReadError::Busy);
         };
         let start = self.coverage.read_start_now(entry.bucket, entry.floor);
+        let covers_through = freshness::millis(self.store_covers_through());
         let (visible, events) = match self
             .read_thread(&entry.thread_id, hydration, deadline)
             .await
@@ -85,6 +87,9 @@ impl<S: StoreReads> ViewCache<S> {
             let mut view = entry.lock_view(&self.metrics);
             let live = std::mem::take(&mut *view);
             *view = ThreadView::hydrated(events, visible.displays, live);
+            entry
+                .stored_through
+                .fetch_max(covers_through, Ordering::AcqRel);
             match verdict {
                 Verdict::Complete(epoch) => {
                     view.mark_complete(epoch);
@@ -128,19 +133,20 @@ impl<S: StoreReads> ViewCache<S> {
             self.metrics.hydration_slot_timeout();
             return Err(ReadError::Busy);
         };
+        let covers_through = self.store_covers_through();
         let (visible, events) = self
             .read_thread(thread_id, Hydration::OnRead, deadline)
             .await?;
         let mut view = ThreadView::hydrated(events, visible.displays, ThreadView::new());
-        Ok(
-            Rendering::default().render(
-                thread_id,
-                &mut view,
-                primary,
-                Source::Store,
-                &self.metrics,
-            ),
-        )
+        let mut answer = Rendering::default().render(
+            thread_id,
+            &mut view,
+            primary,
+            Source::Store,
+            &self.metrics,
+        );
+        answer.covered_through = Some(covers_through);
+        Ok(answer)
     }
 
     /// The two-stage query of `thread_id` ([contract 4](../../docs/contract.md#4)) within `deadline` and

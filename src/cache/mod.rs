@@ -23,6 +23,7 @@ mod entry;
 mod fill;
 mod hydrate;
 mod render;
+mod shadow;
 #[cfg(test)]
 mod tests;
 mod work;
@@ -38,11 +39,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use render::{Answer, Source};
+pub use shadow::VerifyReport;
 
 use crate::coverage::Coverage;
 use crate::decode::ViewEvent;
-use crate::metrics::Metrics;
+use crate::freshness::Freshness;
+use crate::metrics::{Labelled, Metrics};
 use crate::project::Identity;
+use crate::shadow::{Finding, ShadowSettings, Verdict};
 use crate::store::{Hydration, Store, StoreError, StoreReads};
 use crate::telemetry::RateLimit;
 use crate::view::{Inserted, ThreadView, ViewState};
@@ -66,6 +70,8 @@ pub struct CacheSettings {
     pub store_timeout: Duration,
     /// `HISTORY_VIEW_MAX_THREAD_BYTES`: most bytes of events one view or store read may hold.
     pub max_thread_bytes: usize,
+    /// The shadow checks of reads answered from memory, and the persister-lag bound.
+    pub shadow: ShadowSettings,
 }
 
 /// Why a read could not be answered (the view stays partial).
@@ -107,6 +113,8 @@ pub enum LimitPath {
 }
 
 impl LimitPath {
+    pub const ALL: [LimitPath; 2] = [LimitPath::Read, LimitPath::Live];
+
     /// The `path` label of `history_view_thread_limit_exceeded_total`.
     pub fn label(self) -> &'static str {
         match self {
@@ -135,6 +143,10 @@ pub struct ViewCache<S = Store> {
     /// Rate limits of the warnings about threads without a visible marker, and about reads stopped by the limit.
     no_marker_warnings: Arc<RateLimit>,
     too_large_warnings: Arc<RateLimit>,
+    /// The shadow checks ([`shadow`]).
+    checks: Arc<shadow::Checks>,
+    /// Up to when the live stream has been applied (the covered-through instant of answers from memory).
+    freshness: Freshness,
 }
 
 impl<S> Clone for ViewCache<S> {
@@ -150,22 +162,42 @@ impl<S> Clone for ViewCache<S> {
             hydration_slots: Arc::clone(&self.hydration_slots),
             no_marker_warnings: Arc::clone(&self.no_marker_warnings),
             too_large_warnings: Arc::clone(&self.too_large_warnings),
+            checks: Arc::clone(&self.checks),
+            freshness: self.freshness.clone(),
         }
     }
 }
 
 impl<S: StoreReads> ViewCache<S> {
-    pub fn new(store: S, metrics: Metrics, coverage: Coverage, settings: CacheSettings) -> Self {
+    pub fn new(
+        store: S,
+        metrics: Metrics,
+        coverage: Coverage,
+        freshness: Freshness,
+        settings: CacheSettings,
+    ) -> Self {
         let cache = Cache::builder()
             .max_capacity(settings.max_bytes)
             .weigher(|_thread: &String, entry: &Arc<Entry>| entry.charge())
             .time_to_idle(settings.idle)
             .build();
         let (fills, requests) = mpsc::channel(FILL_QUEUE);
+        metrics.cache_budget(settings.max_bytes);
+        metrics.preset(Labelled::ReadSource, &Source::ALL.map(Source::label));
+        metrics.preset(
+            Labelled::ThreadLimitPath,
+            &LimitPath::ALL.map(LimitPath::label),
+        );
+        metrics.preset(Labelled::ShadowCheck, &Verdict::ALL.map(Verdict::label));
+        let mut findings = Finding::ALL.map(Finding::label).to_vec();
+        findings.push(Verdict::Window.label());
+        metrics.preset(Labelled::ShadowEvent, &findings);
         let views = Self {
             cache,
             store: Arc::new(store),
             hydration_slots: Arc::new(tokio::sync::Semaphore::new(settings.concurrent_hydrations)),
+            checks: Arc::new(shadow::Checks::new(settings.shadow.clone())),
+            freshness,
             settings: Arc::new(settings),
             metrics,
             coverage,
@@ -261,6 +293,7 @@ impl<S: StoreReads> ViewCache<S> {
         self.cache.run_pending_tasks().await;
         self.metrics
             .cache_size(self.cache.entry_count(), self.cache.weighted_size());
+        self.report_freshness();
     }
 
     /// The entry's view state as of its thread's current coverage epoch.
@@ -285,7 +318,13 @@ impl<S: StoreReads> ViewCache<S> {
         let mut view = entry.lock_view(&self.metrics);
         let epoch = self.coverage.epoch(entry.bucket);
         if view.state(epoch) == ViewState::Complete {
-            return Some(entry.render(&mut view, primary, source, &self.metrics));
+            let mut answer = entry.render(&mut view, primary, source, &self.metrics);
+            // Complete: every live event up to the last one applied, and what the store held before.
+            answer.covered_through = self.freshness.covered_through().max(entry.stored_through());
+            if source == Source::Cache {
+                self.sample(entry, &view, answer.covered_through);
+            }
+            return Some(answer);
         }
         if view.downgrade_if_stale(epoch) {
             self.metrics.views_downgraded(1);
@@ -296,7 +335,29 @@ impl<S: StoreReads> ViewCache<S> {
     /// The view's answer as it is, after a store read.
     fn render(&self, entry: &Entry, primary: Option<&Identity>) -> Answer {
         let mut view = entry.lock_view(&self.metrics);
-        entry.render(&mut view, primary, Source::Store, &self.metrics)
+        let mut answer = entry.render(&mut view, primary, Source::Store, &self.metrics);
+        answer.covered_through = entry.stored_through();
+        answer
+    }
+
+    /// Up to when a store read that starts now will cover a thread: now less the persister-lag bound.
+    fn store_covers_through(&self) -> std::time::SystemTime {
+        std::time::SystemTime::now()
+            .checked_sub(self.settings.shadow.persist_lag)
+            .unwrap_or(std::time::UNIX_EPOCH)
+    }
+
+    /// The age of the covered-through instant of answers from memory (set before a metrics scrape).
+    fn report_freshness(&self) {
+        let age = self
+            .freshness
+            .covered_through()
+            .map_or(self.coverage.uptime(), |at| {
+                std::time::SystemTime::now()
+                    .duration_since(at)
+                    .unwrap_or_default()
+            });
+        self.metrics.covered_through_age(age);
     }
 
     /// The thread's current entry, created if the cache holds none.

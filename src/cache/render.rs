@@ -20,6 +20,8 @@ pub enum Source {
 }
 
 impl Source {
+    pub const ALL: [Source; 2] = [Source::Cache, Source::Store];
+
     /// The `source` label of the read metrics and the `X-History-Source` header's value.
     pub fn label(self) -> &'static str {
         match self {
@@ -37,6 +39,9 @@ pub struct Answer {
     /// A strong validator of `body` (quoted), equal for equal bodies whatever their source.
     pub etag: String,
     pub source: Source,
+    /// The instant up to which the answer holds every event that reached NATS (`X-History-Covered-Through`), if
+    /// one is known.
+    pub covered_through: Option<std::time::SystemTime>,
 }
 
 /// An answer rendered from one version of a view for one primary identity.
@@ -142,5 +147,6 @@ fn answer(thread_id: &str, projection: &Projection, source: Source) -> Answer {
         etag: format!("\"{:016x}\"", hasher.finish()),
         body: Bytes::from(body),
         source,
+        covered_through: None,
     }
 }

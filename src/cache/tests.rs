@@ -12,7 +12,9 @@ use tokio::sync::watch;
 use super::{Answer, CacheSettings, ReadError, Source, ViewCache};
 use crate::coverage::{self, Coverage};
 use crate::decode::{Decoded, ViewEvent, decode_payload};
+use crate::freshness::Freshness;
 use crate::metrics::Metrics;
+use crate::shadow::{ShadowSettings, StoredRow};
 use crate::store::{Bounds, Hydration, StoreError, StoreReads, VisibleDisplays};
 use crate::subject::DeliveryKey;
 use crate::view::event_bytes;
@@ -176,6 +178,24 @@ impl StoreReads for FakeStore {
         })
     }
 
+    async fn stored_rows(
+        &self,
+        thread_id: &str,
+        displays: &[String],
+        bounds: Bounds,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let events = self.display_events(thread_id, displays, Hydration::Shadow, bounds);
+        // Every row of the fake was persisted long before any read.
+        Ok(events
+            .await?
+            .into_iter()
+            .map(|event| StoredRow {
+                event,
+                persisted_ms: Some(0),
+            })
+            .collect())
+    }
+
     async fn fill_events(
         &self,
         wanted: &[(&str, &[Box<str>])],
@@ -238,6 +258,15 @@ impl Scene {
     }
 
     fn with_thread_limit(max_thread_bytes: usize) -> Self {
+        Self::build(max_thread_bytes, 0.0)
+    }
+
+    /// Every read answered from memory is shadow-checked.
+    fn shadowed() -> Self {
+        Self::build(64 << 20, 1.0)
+    }
+
+    fn build(max_thread_bytes: usize, sample: f64) -> Self {
         let store = FakeStore::default();
         let coverage = Coverage::new(LAG);
         assert!(coverage.confirm_live(coverage.connection(), coverage.now()));
@@ -247,8 +276,22 @@ impl Scene {
             concurrent_hydrations: 4,
             store_timeout: Duration::from_secs(2),
             max_thread_bytes,
+            shadow: ShadowSettings {
+                sample,
+                max_per_sec: 1_000,
+                clock_margin: Duration::from_secs(1),
+                persist_lag: LAG,
+                window: Duration::from_secs(12),
+                store_timeout: Duration::from_secs(2),
+            },
         };
-        let views = ViewCache::new(store.clone(), Metrics::new(), coverage.clone(), settings);
+        let views = ViewCache::new(
+            store.clone(),
+            Metrics::new(),
+            coverage.clone(),
+            Freshness::new(),
+            settings,
+        );
         Self {
             views,
             store,
@@ -529,4 +572,69 @@ async fn a_reader_that_goes_away_mid_hydration_hands_the_store_job_to_the_next()
     let answer = second.await.unwrap().unwrap();
     assert!(body(&answer).contains("answer-one"));
     assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+}
+
+/// The count of one `history_view_shadow_checks_total` result.
+fn shadow_checks(views: &ViewCache<FakeStore>, result: &str) -> f64 {
+    let sample = format!("history_view_shadow_checks_total{{result=\"{result}\"}} ");
+    views
+        .metrics
+        .render()
+        .lines()
+        .find_map(|line| line.strip_prefix(&sample)?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shadow_check_finds_a_stored_row_the_view_lacks_and_heals_the_view() {
+    let scene = Scene::shadowed();
+    scene.complete_thread().await;
+    // The read from memory above was sampled; its view held everything stored.
+    tokio::time::sleep(LAG * 8).await;
+    assert_eq!(shadow_checks(&scene.views, "match"), 1.0);
+
+    // A row reaches the store by another path than NATS (a backfill): the complete view answers without it.
+    scene
+        .store
+        .persist(&chunk("d1", "backfilled", 3, "from-a-backfill"));
+    let answer = scene.read().await.unwrap();
+    assert_eq!(answer.source, Source::Cache);
+    assert!(!body(&answer).contains("from-a-backfill"));
+    // A second read while its check waits is not checked again.
+    scene.read().await.unwrap();
+    assert_eq!(shadow_checks(&scene.views, "dropped"), 1.0);
+
+    // Past the bound (and, with no probe to prove the link alive, the gap window) the check finds it missing and
+    // makes the view partial: the next read hydrates and holds it.
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    assert_eq!(shadow_checks(&scene.views, "missing"), 1.0);
+    let healed = scene.read().await.unwrap();
+    assert_eq!(healed.source, Source::Store);
+    assert!(body(&healed).contains("from-a-backfill"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_followed_by_a_gap_counts_as_a_window_and_verify_reports_it_on_demand() {
+    let scene = Scene::shadowed();
+    scene.complete_thread().await;
+    tokio::time::sleep(LAG * 8).await;
+    scene
+        .store
+        .persist(&chunk("d1", "unseen", 3, "missed-live"));
+    assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+    // A dead link noticed after the read: what the read lacked is not a promise broken.
+    tokio::time::sleep(LAG + Duration::from_secs(1)).await;
+    scene.coverage.gap(scene.coverage.now());
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    assert_eq!(shadow_checks(&scene.views, "window"), 1.0);
+    assert_eq!(shadow_checks(&scene.views, "missing"), 0.0);
+
+    // On demand: the view (hydrated again) holds the row now.
+    scene.past_the_bound().await;
+    scene.read().await.unwrap();
+    let report = scene.views.verify(THREAD).await.unwrap().unwrap();
+    assert_eq!(report.result, crate::shadow::Verdict::Match);
+    assert_eq!(report.counts["match"], 3);
+    assert!(!report.healed);
+    assert!(scene.views.verify("not-cached").await.unwrap().is_none());
 }

@@ -65,7 +65,7 @@ impl fmt::Display for ErrorType {
 }
 
 /// One OpenAI content part of a history message ([contract 5.6](../../docs/contract.md#5.6)).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Part {
     Text { text: String },
@@ -73,12 +73,12 @@ pub enum Part {
     InputAudio { input_audio: InputAudio },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct ImageUrl {
     pub url: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct InputAudio {
     /// Base64 text, as llama-index keeps audio bytes.
     pub data: String,
@@ -86,7 +86,7 @@ pub struct InputAudio {
 }
 
 /// A user turn's content as aihub computes it from the last ChatMessage.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UserContent {
     /// Formats of audio blocks that carried data but were dropped as unsupported, in block order. Each becomes an
     /// `UnsupportedAudioFormat` warning when the event is projected.
@@ -96,7 +96,7 @@ pub struct UserContent {
 
 /// What a relevant event contributes, by the first projector branch it matches ([contract
 /// 5.4](../../docs/contract.md#5.4)).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Body {
     /// Branch 1: a `UserAgent` UserMessageEvent (a marker).
     UserMessage(UserContent),

@@ -34,6 +34,12 @@ pub enum ApiError {
     Overloaded,
     #[error("no such resource")]
     NotFound,
+    /// `verify` of a thread this worker does not hold in its cache.
+    #[error("the thread is not in this worker's cache; nothing to verify")]
+    NotCached,
+    /// `verify` of a thread another partitioned worker owns, which did not answer in time.
+    #[error("the worker owning this thread did not answer; try again")]
+    OwnerUnreachable,
 }
 
 impl ApiError {
@@ -52,6 +58,8 @@ impl ApiError {
             }
             ApiError::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::NotCached => (StatusCode::NOT_FOUND, "thread_not_cached"),
+            ApiError::OwnerUnreachable => (StatusCode::SERVICE_UNAVAILABLE, "owner_unreachable"),
         }
     }
 }
@@ -96,7 +104,7 @@ impl IntoResponse for ApiError {
             ApiError::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            ApiError::StoreUnavailable(_) | ApiError::Overloaded => {
+            ApiError::StoreUnavailable(_) | ApiError::Overloaded | ApiError::OwnerUnreachable => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}

@@ -5,18 +5,23 @@ use std::time::Instant;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use md5::{Digest, Md5};
 use serde::Deserialize;
 
 use super::{ApiError, AppState, FORWARDED_HEADER};
 use crate::cache::Answer;
+use crate::freshness;
 use crate::metrics::ReadRoute;
 use crate::project::Identity;
 
 /// The response header saying where a history came from: `cache` or `store`.
 pub const SOURCE_HEADER: &str = "x-history-source";
+
+/// The response header naming the instant up to which the answer holds every event that reached NATS (RFC 3339,
+/// milliseconds, UTC).
+pub const COVERED_THROUGH_HEADER: &str = "x-history-covered-through";
 
 /// Longest accepted thread id, in bytes.
 pub const MAX_THREAD_ID_BYTES: usize = 256;
@@ -100,6 +105,60 @@ pub async fn get_history(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
+    let (thread_id, query) = thread_and_query(path, raw_query, query)?;
+    let primary = query.identity()?;
+    let thread = thread_id.as_str();
+    let answer = match route(&state, thread, &headers) {
+        Route::Local => state.views.read(thread, primary.as_ref()).await,
+        Route::Owner(partition) => {
+            match forward(&state, partition, Method::GET, &uri, &headers).await {
+                Some(response) => return Ok(response),
+                None => state.views.read_uncached(thread, primary.as_ref()).await,
+            }
+        }
+        Route::Store => state.views.read_uncached(thread, primary.as_ref()).await,
+    }
+    .map_err(|error| ApiError::from_read(error, thread))?;
+    state.metrics.read(answer.source.label(), started.elapsed());
+    Ok(respond(answer, &headers))
+}
+
+/// `POST /v1/threads/{thread_id}/verify`: the shadow comparison now, against the view of the thread's worker (this
+/// one, or the owner among partitioned workers, which the request is forwarded to).
+pub async fn verify(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw_query): RawQuery,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (thread_id, _) = thread_and_query(path, raw_query, query)?;
+    let thread = thread_id.as_str();
+    match route(&state, thread, &headers) {
+        Route::Local => {}
+        Route::Owner(partition) => {
+            return forward(&state, partition, Method::POST, &uri, &headers)
+                .await
+                .ok_or(ApiError::OwnerUnreachable);
+        }
+        // A forwarded request for a thread this worker does not own either: it holds no view of it.
+        Route::Store => return Err(ApiError::NotCached),
+    }
+    match state.views.verify(thread).await {
+        Ok(Some(report)) => Ok(axum::Json(report).into_response()),
+        Ok(None) => Err(ApiError::NotCached),
+        Err(error) => Err(ApiError::from_read(error, thread)),
+    }
+}
+
+/// The thread id by the path rules (canonical with `canonicalize=true`) and the query, checked as every thread
+/// endpoint checks them.
+fn thread_and_query(
+    path: Result<Path<String>, PathRejection>,
+    raw_query: Option<String>,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Result<(ThreadId, HistoryQuery), ApiError> {
     let Path(raw_id) = path.map_err(|_| ApiError::InvalidThreadId("is not valid UTF-8"))?;
     check_query(raw_query.as_deref())?;
     let Query(query) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
@@ -107,19 +166,7 @@ pub async fn get_history(
     if query.canonicalize {
         thread_id = ThreadId::parse(canonical_object_id(thread_id.as_str()))?;
     }
-    let primary = query.identity()?;
-    let thread = thread_id.as_str();
-    let answer = match route(&state, thread, &headers) {
-        Route::Local => state.views.read(thread, primary.as_ref()).await,
-        Route::Owner(partition) => match forward(&state, partition, &uri, &headers).await {
-            Some(response) => return Ok(response),
-            None => state.views.read_uncached(thread, primary.as_ref()).await,
-        },
-        Route::Store => state.views.read_uncached(thread, primary.as_ref()).await,
-    }
-    .map_err(|error| ApiError::from_read(error, thread))?;
-    state.metrics.read(answer.source.label(), started.elapsed());
-    Ok(respond(answer, &headers))
+    Ok((thread_id, query))
 }
 
 /// Where a read is answered.
@@ -149,16 +196,17 @@ fn route(state: &AppState, thread_id: &str, headers: &HeaderMap) -> Route {
     route
 }
 
-/// The owner's answer to a forwarded read, passed back as it is; `None` when it gave none in time (the caller
-/// answers from the store).
+/// The owner's answer to a forwarded request, passed back as it is; `None` when it gave none in time (a read is
+/// then answered from the store).
 async fn forward(
     state: &AppState,
     partition: u32,
+    method: Method,
     uri: &Uri,
     headers: &HeaderMap,
 ) -> Option<Response> {
     let peers = state.peers.as_ref()?;
-    match peers.forward(partition, uri, headers).await {
+    match peers.forward(partition, method, uri, headers).await {
         Ok(response) => {
             state.metrics.read_route(ReadRoute::Forwarded);
             Some(response)
@@ -166,7 +214,7 @@ async fn forward(
         Err(error) => {
             state.metrics.read_route(ReadRoute::OwnerUnreachable);
             if peers.warnings.allow() {
-                tracing::warn!(partition, %error, "the owner of a thread did not answer a forwarded read; answering from the store");
+                tracing::warn!(partition, %error, "the owner of a thread did not answer a forwarded request (a read is answered from the store)");
             }
             None
         }
@@ -223,6 +271,11 @@ fn respond(answer: Answer, request_headers: &HeaderMap) -> Response {
         HeaderValue::from_static(answer.source.label()),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Some(at) = answer.covered_through
+        && let Ok(value) = HeaderValue::from_str(&freshness::rfc3339_millis(at))
+    {
+        headers.insert(COVERED_THROUGH_HEADER, value);
+    }
     response
 }
 

@@ -20,7 +20,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
 pub use error::ApiError;
-pub use history::{SOURCE_HEADER, ThreadId, canonical_object_id};
+pub use history::{COVERED_THROUGH_HEADER, SOURCE_HEADER, ThreadId, canonical_object_id};
 pub use route::{FORWARDED_HEADER, Peers};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
 
@@ -62,21 +62,37 @@ pub fn router(state: AppState) -> Router {
 pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/threads/{thread_id}/history", history)
+        .route(
+            "/v1/threads/{thread_id}/verify",
+            axum::routing::post(history::verify),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             limit_in_flight,
         ))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    operations(Router::new().merge(api))
+    // Every API answer passes `count_errors`; the operations endpoints, added after it, do not.
+    let api = Router::new()
+        .merge(api)
         .fallback(not_found)
-        .with_state(state)
+        .layer(middleware::from_fn_with_state(state.clone(), count_errors));
+    operations(api).with_state(state)
 }
 
 /// What a connection beyond the cap may reach: the probes, `/metrics` and the OpenAPI document; anything else
 /// answers 503 overloaded.
 pub fn reserve_router(state: AppState) -> Router {
-    operations(Router::new())
+    let refused = Router::new()
         .fallback(overloaded)
+        .layer(middleware::from_fn_with_state(state.clone(), count_errors));
+    operations(refused).with_state(state)
+}
+
+/// What the probes' own listener (`HISTORY_VIEW_PROBE_LISTEN`) serves: the probes, `/metrics` and the OpenAPI
+/// document; anything else is not found there.
+pub fn probe_router(state: AppState) -> Router {
+    operations(Router::new())
+        .fallback(not_found)
         .with_state(state)
 }
 
@@ -94,6 +110,16 @@ async fn not_found() -> ApiError {
 
 async fn overloaded() -> ApiError {
     ApiError::Overloaded
+}
+
+/// Counts an API answer that is neither 2xx nor 304 (`history_view_read_errors_total{code}`).
+async fn count_errors(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    if !(status.is_success() || status == axum::http::StatusCode::NOT_MODIFIED) {
+        state.metrics.read_error(status.as_u16());
+    }
+    response
 }
 
 /// Answers 503 at once when `HISTORY_VIEW_HTTP_MAX_IN_FLIGHT` reads are being answered (a queue would only make

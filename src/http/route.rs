@@ -1,12 +1,12 @@
-//! Partitioned workers ([design 8](../../docs/design.md#8)): a read of a thread another worker owns is forwarded to
-//! it (`HISTORY_VIEW_PEER_URL`), with the caller's query, token and validators, and its answer passed back as it
-//! is. A forwarded read carries [`FORWARDED_HEADER`], so it is never forwarded again.
+//! Partitioned workers ([design 8](../../docs/design.md#8)): a read (or a `verify`) of a thread another worker owns
+//! is forwarded to it (`HISTORY_VIEW_PEER_URL`), with the caller's query, token and validators, and its answer
+//! passed back as it is. A forwarded request carries [`FORWARDED_HEADER`], so it is never forwarded again.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, HeaderName, Request, Response, Uri, header};
+use axum::http::{HeaderMap, HeaderName, Method, Request, Response, Uri, header};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -77,14 +77,15 @@ impl Peers {
         (owner != self.partitioning.partition).then_some(owner)
     }
 
-    /// Forwards the read `uri` (path and query as the caller sent them) to the worker of `partition`, and returns
-    /// its answer, whatever its status.
+    /// Forwards the request `method` `uri` (path and query as the caller sent them, no body) to the worker of
+    /// `partition`, and returns its answer, whatever its status.
     ///
     /// # Errors
     /// [`ForwardError`] when no answer came in time.
     pub async fn forward(
         &self,
         partition: u32,
+        method: Method,
         uri: &Uri,
         headers: &HeaderMap,
     ) -> Result<Response<Body>, ForwardError> {
@@ -93,7 +94,9 @@ impl Peers {
             "{}{path}",
             self.url.replace("{partition}", &partition.to_string())
         );
-        let mut request = Request::get(&target)
+        let mut request = Request::builder()
+            .method(method)
+            .uri(&target)
             .header(FORWARDED_HEADER, self.partitioning.partition)
             .body(Empty::new())
             .map_err(|e| ForwardError::Url(e.to_string()))?;

@@ -259,12 +259,18 @@ impl JetStreamSource {
     async fn consume(self, name: String, start: Start, stop: CancellationToken) {
         let mut position: Option<Position> = None;
         let mut backoff = MIN_BACKOFF;
+        let freshness = self.inner.ingest.freshness();
+        freshness.track_stream(&name);
         loop {
             match self.consume_once(&name, start, &mut position, &stop).await {
-                Ended::Stopped => return,
+                Ended::Stopped => {
+                    freshness.forget_stream(&name);
+                    return;
+                }
                 Ended::Deleted => {
                     tracing::warn!(stream = %name, "a class stream was deleted: a gap");
                     self.record_gap();
+                    freshness.forget_stream(&name);
                     self.inner.coverage.catch_up().forget(&name);
                     lock(&self.inner.consumed).remove(&name);
                     return;
@@ -341,8 +347,13 @@ impl JetStreamSource {
                 return Ended::Resume { progressed: false };
             }
         };
+        let freshness = self.inner.ingest.freshness();
+        let asked = SystemTime::now();
         match consumer.info().await {
-            Ok(info) if info.num_pending == 0 => catch_up.caught_up(name, epoch),
+            Ok(info) if info.num_pending == 0 => {
+                catch_up.caught_up(name, epoch);
+                freshness.stream_covered(name, asked);
+            }
             Ok(info) => self.inner.metrics.jetstream_pending(name, info.num_pending),
             Err(_) => return Ended::Resume { progressed: false },
         }
@@ -379,17 +390,23 @@ impl JetStreamSource {
                     }
                     // Asked after the stream's state: nothing pending means every message up to its last one then
                     // was read, so a later loss of older (filtered-out) messages is no loss.
+                    let asked = SystemTime::now();
                     let consumer_info = consumer.info().await.ok();
                     if let Some(info) = &consumer_info
                         && info.num_pending == 0
                     {
                         position.floor = position.floor.max(now.state.last_sequence + 1);
                     }
+                    // Nothing left to deliver, and every message delivered applied (consumer sequences count only
+                    // the messages the filter let through, so filtered-out ones cannot hold this back).
+                    let drained = consumer_info.is_some_and(|info| {
+                        info.num_pending == 0 && delivered >= info.delivered.consumer_sequence
+                    });
+                    if drained {
+                        // Everything the stream held when asked has been applied.
+                        freshness.stream_covered(name, asked);
+                    }
                     if partitioning.is_some() {
-                        let drained = consumer_info.is_some_and(|info| {
-                            info.num_pending == 0
-                                && position.last_applied.unwrap_or(0) >= info.delivered.stream_sequence
-                        });
                         self.judge_sources(&now, drained);
                     }
                 }
@@ -402,8 +419,8 @@ impl JetStreamSource {
                         }
                         None => return Ended::Resume { progressed: delivered > 0 },
                     };
-                    let (stream_sequence, consumer_sequence, pending) = match message.info() {
-                        Ok(info) => (info.stream_sequence, info.consumer_sequence, info.pending),
+                    let (stream_sequence, consumer_sequence, pending, published) = match message.info() {
+                        Ok(info) => (info.stream_sequence, info.consumer_sequence, info.pending, info.published),
                         Err(_) => return Ended::Resume { progressed: delivered > 0 },
                     };
                     if consumer_sequence != delivered + 1 {
@@ -422,6 +439,8 @@ impl JetStreamSource {
                     self.inner.metrics.jetstream_applied(name, stream_sequence, pending);
                     if pending == 0 {
                         catch_up.caught_up(name, epoch);
+                        // Nothing was left behind it when it was delivered: every message stored up to it is applied.
+                        freshness.stream_covered(name, wall(published));
                     }
                 }
             }

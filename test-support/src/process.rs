@@ -2,7 +2,8 @@
 //! which starts a program, waits until it answers, can signal, stop and restart it, and kills it on drop.
 
 use std::ffi::OsString;
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,12 +12,41 @@ use std::time::{Duration, Instant};
 /// How long a process may take to answer after it was started.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A port of 127.0.0.1 that nothing listens on now.
+/// Where [`free_port`] looks: below Linux's ephemeral range (32768-60999) and the partitioned tests' ports (from
+/// 20000). A port the system handed out for `bind(0)` is soon handed out again, to the local end of some outgoing
+/// connection, and a server started on it then fails with "address already in use" (seen: a Mongo-wire server of
+/// one test, while another test's clients were connecting); no outgoing connection takes a port from here.
+const PORTS: std::ops::Range<u16> = 10_000..20_000;
+
+/// Whether `GET path` on 127.0.0.1:`port` answers 200 (a readiness test for a server's HTTP endpoint).
+pub fn answers_get(port: u16, path: &str) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut status = [0u8; 12];
+    stream.read_exact(&mut status).is_ok() && status.ends_with(b" 200")
+}
+
+/// A port of 127.0.0.1 that nothing listens on now, outside the ephemeral range, and not handed out before by this
+/// process (so two servers of concurrent tests never get the same one).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free local port")
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let span = u64::from(PORTS.end - PORTS.start);
+    // Each test binary starts at its own place, so binaries run one after the other rarely meet a lingering port.
+    let start = u64::from(std::process::id()) * 7919;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = PORTS.start + u16::try_from(offset).expect("below the span");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free local port in {PORTS:?}");
 }
 
 /// A new directory under the system's temp dir, named after `prefix`, this process and a count of the directories
@@ -140,6 +170,16 @@ impl Process {
     /// The last lines the process logged.
     pub fn log_tail(&self) -> String {
         log_tail(&self.log)
+    }
+
+    /// Every line the process logged that contains `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.contains(needle))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// The process id (0 when it is not running).

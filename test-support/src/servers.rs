@@ -1,15 +1,15 @@
-//! Real servers as child processes behind guards: `NatsServer` (nats-server with JetStream) and `MongoServer`
-//! (SecantusDB, a MongoDB-wire server). Each picks a free port, waits until the server itself answers, can be
+//! Real servers as child processes behind guards: `NatsServer` (nats-server with JetStream), `MongoServer`
+//! (SecantusDB, a MongoDB-wire server) and `PrometheusServer` (Debian's Prometheus). Each picks a free port, waits until the server itself answers, can be
 //! stopped and restarted on the same port, and is killed in `Drop`. Binaries come from the project's
-//! `.tools/venv/bin` (installed by `scripts/services.sh install`) unless `NATS_SERVER_BIN` / `SECANTUSD_BIN` name
-//! them.
+//! `.tools/venv/bin` (installed by `scripts/services.sh install`) unless `NATS_SERVER_BIN` / `SECANTUSD_BIN` /
+//! `PROMETHEUS_BIN` / `PROMTOOL_BIN` name them.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::process::{Process, Spec, free_port, temp_dir};
+use crate::process::{Process, Spec, answers_get, free_port, temp_dir};
 
 fn tool(env: &str, name: &str) -> PathBuf {
     if let Ok(path) = std::env::var(env) {
@@ -209,6 +209,53 @@ impl MongoServer {
 }
 
 /// Ready when the server itself greets a client with its INFO line.
+/// A Prometheus server on 127.0.0.1 with the configuration `config` (YAML), its data in its own temp dir.
+pub struct PrometheusServer {
+    process: Process,
+}
+
+impl PrometheusServer {
+    pub fn start(config: &str) -> Self {
+        let port = free_port();
+        let dir = temp_dir("prometheus");
+        let file = dir.join("prometheus.yml");
+        std::fs::write(&file, config).expect("prometheus.yml");
+        let args = vec![
+            format!("--config.file={}", file.display()),
+            format!("--storage.tsdb.path={}", dir.join("data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--log.level=warn".into(),
+        ];
+        Self {
+            process: Process::start(
+                spec("prometheus", tool("PROMETHEUS_BIN", "prometheus"), args),
+                dir,
+                port,
+                answers_ready,
+            ),
+        }
+    }
+
+    /// The base URL of its HTTP API.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.process.port)
+    }
+
+    pub fn log_tail(&self) -> String {
+        self.process.log_tail()
+    }
+}
+
+/// promtool, from the same package as Prometheus.
+pub fn promtool() -> PathBuf {
+    tool("PROMTOOL_BIN", "promtool")
+}
+
+/// `GET /-/ready` answers 200.
+fn answers_ready(port: u16) -> bool {
+    answers_get(port, "/-/ready")
+}
+
 fn greets_with_info(port: u16) -> bool {
     TcpStream::connect(("127.0.0.1", port))
         .ok()

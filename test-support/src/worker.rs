@@ -3,12 +3,9 @@
 //! its temp dir, and counts as started once `/healthz` answers. Killed (SIGKILL) on drop.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::ExitStatus;
-use std::time::Duration;
 
-use crate::process::{Process, Spec, free_port, temp_dir};
+use crate::process::{Process, Spec, answers_get, free_port, temp_dir};
 
 /// A running worker process.
 pub struct WorkerProcess {
@@ -86,6 +83,11 @@ impl WorkerProcess {
         self.process.log_tail()
     }
 
+    /// Every line the worker logged that contains `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        self.process.log_lines(needle)
+    }
+
     /// Its exit status, if it has exited.
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
         self.process.try_wait()
@@ -116,16 +118,5 @@ impl Drop for WorkerProcess {
 
 /// Whether `GET /healthz` on `port` answers 200.
 fn answers_healthz(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    if stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut status = [0u8; 12];
-    stream.read_exact(&mut status).is_ok() && status.ends_with(b" 200")
+    answers_get(port, "/healthz")
 }

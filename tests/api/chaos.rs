@@ -1,4 +1,4 @@
-//! The soak: overlapping faults under load, on the release worker with real servers (the Mongo-wire server on
+//! The soak: overlapping faults under load, on the worker binary (`make soak`: the release build) with real servers (the Mongo-wire server on
 //! disk, so a restart keeps the data). A publisher plays multi-turn conversations over many threads (nested
 //! helpers, HITL reveals, duplicate deliveries); a persister like aihub's (its own NATS connection, not through
 //! the faults) writes every event 0-500 ms after receiving it, sometimes twice as a second replica would; readers
@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::fuzz_corpus::checks::stored_row;
-use crate::helpers::{Api, BinaryApp, TestStore, release_binary, unique};
+use crate::helpers::{Api, BinaryApp, TestStore, metric, unique, worker_binary};
 use crate::threads;
 use test_support::memory::memory;
 use test_support::proxy::Proxy;
@@ -81,9 +81,18 @@ struct Reads {
 /// after it arrived, one in five written twice (a second replica). One writer inserts whatever is due in batches
 /// and retries a batch until the store takes it (one insert per event, as aihub writes, overloads the Mongo-wire
 /// server at the soak's rate and never catches up once a fault has piled them up).
-fn persister(client: async_nats::Client, store: TestStore, pending: Arc<AtomicUsize>) {
-    let (due_tx, mut due_rx) =
-        tokio::sync::mpsc::unbounded_channel::<(Instant, mongodb::bson::Document)>();
+///
+/// Every event committed more than the bound after its `created_at` goes into `late_commits` (by event id): the
+/// driver sets a row's `_id` when the insert is sent, so a slow or frozen store commits rows whose `_id` says they
+/// were stored in time, and on a loaded machine the persister itself may receive an event late. The worker cannot
+/// tell such a row from one it lost; the soak can.
+fn persister(
+    client: async_nats::Client,
+    store: TestStore,
+    pending: Arc<AtomicUsize>,
+    late_commits: Arc<Mutex<LateCommits>>,
+) {
+    let (due_tx, mut due_rx) = tokio::sync::mpsc::unbounded_channel::<Due>();
     let counted = pending.clone();
     tokio::spawn(async move {
         let mut subscriber = client
@@ -92,30 +101,38 @@ fn persister(client: async_nats::Client, store: TestStore, pending: Arc<AtomicUs
             .expect("persister subscribes");
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         while let Some(message) = subscriber.next().await {
-            let data = serde_json::from_slice(&message.payload).expect("a JSON payload");
+            let data: Value = serde_json::from_slice(&message.payload).expect("a JSON payload");
+            let created_at_ns = data["created_at"].as_i64().unwrap_or(0);
             let row = stored_row(&message.subject, data);
             let document = mongodb::bson::to_document(&row).expect("row converts to BSON");
-            let due = Instant::now() + Duration::from_millis(rng.below(PERSIST_DELAY_MS + 1));
+            let received = Instant::now();
+            let due = received + Duration::from_millis(rng.below(PERSIST_DELAY_MS + 1));
+            let event_id: Arc<str> = message.subject.rsplit('.').next().unwrap_or("").into();
             let copies = if rng.below(5) == 0 { 2 } else { 1 };
             for _ in 0..copies {
                 counted.fetch_add(1, Ordering::SeqCst);
-                let _ = due_tx.send((due, document.clone()));
+                let _ = due_tx.send(Due {
+                    at: due,
+                    created_at_ns,
+                    event_id: event_id.clone(),
+                    row: document.clone(),
+                });
             }
         }
     });
     tokio::spawn(async move {
         let events = store.events();
-        let mut waiting: Vec<(Instant, mongodb::bson::Document)> = Vec::new();
+        let mut waiting: Vec<Due> = Vec::new();
         loop {
             while let Ok(row) = due_rx.try_recv() {
                 waiting.push(row);
             }
             let now = Instant::now();
-            let (due, later): (Vec<_>, Vec<_>) = waiting.drain(..).partition(|(at, _)| *at <= now);
+            let (due, later): (Vec<_>, Vec<_>) = waiting.drain(..).partition(|due| due.at <= now);
             waiting = later;
             // Batches of at most 100: the Mongo-wire server takes a few hundred rows a second.
             for batch in due.chunks(100) {
-                let rows = batch.iter().map(|(_, row)| row);
+                let rows = batch.iter().map(|due| &due.row);
                 loop {
                     let insert = events.insert_many(rows.clone());
                     match tokio::time::timeout(Duration::from_secs(30), insert).await {
@@ -123,11 +140,51 @@ fn persister(client: async_nats::Client, store: TestStore, pending: Arc<AtomicUs
                         _ => tokio::time::sleep(Duration::from_millis(200)).await,
                     }
                 }
+                // The bound is the worker's, counted from `created_at` (the publisher's clock, this host's): the
+                // persister may itself receive an event late when the machine is loaded.
+                let committed = unix_ns();
+                let mut late = late_commits.lock().unwrap();
+                for due in batch {
+                    let lag = Duration::from_nanos(
+                        u64::try_from(committed.saturating_sub(due.created_at_ns)).unwrap_or(0),
+                    );
+                    late.max = late.max.max(lag);
+                    let longest = late.lags.entry(due.event_id.clone()).or_default();
+                    *longest = (*longest).max(lag);
+                    if lag > LAG {
+                        late.events.insert(due.event_id.clone());
+                    }
+                }
+                drop(late);
                 pending.fetch_sub(batch.len(), Ordering::SeqCst);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
+}
+
+/// A row the persister will insert once `at` has come.
+struct Due {
+    at: Instant,
+    /// The event's `created_at`, ns since the epoch.
+    created_at_ns: i64,
+    event_id: Arc<str>,
+    row: mongodb::bson::Document,
+}
+
+fn unix_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The events the persister committed beyond the bound, and its largest commit lag.
+#[derive(Default)]
+struct LateCommits {
+    events: std::collections::HashSet<Arc<str>>,
+    max: Duration,
+    /// Every event's commit lag (the longest of its copies), to say what an unexplained `missing` event's was.
+    lags: HashMap<Arc<str>, Duration>,
 }
 
 /// Publishes the threads' turns while `open` says so: a random thread's next turn every 100 ms (about 80 events a
@@ -168,6 +225,23 @@ async fn publish(client: &async_nats::Client, rows: &[Value], rng: &mut Rng) {
         }
     }
     let _ = client.flush().await;
+}
+
+/// The event ids a shadow-check warning names `missing` (its `events` field: `missing:<name>/<event id>`).
+fn missing_events(line: &str) -> Vec<String> {
+    let Ok(line) = serde_json::from_str::<Value>(line) else {
+        return Vec::new();
+    };
+    let events: Vec<String> = line["events"]
+        .as_str()
+        .and_then(|events| serde_json::from_str(events).ok())
+        .unwrap_or_default();
+    events
+        .iter()
+        .filter_map(|event| event.strip_prefix("missing:"))
+        .filter_map(|event| event.rsplit_once('/'))
+        .map(|(_, id)| id.to_owned())
+        .collect()
 }
 
 /// Readers: random threads, half of the reads with the primary identity, counted by source and status; reads
@@ -371,12 +445,16 @@ async fn overlapping_faults_under_load_lose_nothing_and_recover() {
             // docs/benchmark.md); unhinted, it uses the index.
             ("HISTORY_VIEW_MONGODB_INDEX_HINT", String::new()),
             ("HISTORY_VIEW_MONGODB_FILL_INDEX_HINT", String::new()),
+            // Every read from memory is a candidate for a shadow check (5 a second): a missing, late or differing
+            // row fails the soak; reads a gap followed within the window count as `window`.
+            ("HISTORY_VIEW_SHADOW_SAMPLE", "1".to_owned()),
         ]
     };
-    let worker = BinaryApp::start_binary(&release_binary(), &worker_env(proxy.nats_url())).await;
+    let worker = BinaryApp::start_binary(&worker_binary(), &worker_env(proxy.nats_url())).await;
     worker.wait_ready().await;
 
     let pending = Arc::new(AtomicUsize::new(0));
+    let late_commits = Arc::new(Mutex::new(LateCommits::default()));
     let persister_client = async_nats::connect(nats.url())
         .await
         .expect("persister connects");
@@ -384,6 +462,7 @@ async fn overlapping_faults_under_load_lose_nothing_and_recover() {
         persister_client.clone(),
         TestStore::connect(&mongo.uri(), &database).await,
         pending.clone(),
+        late_commits.clone(),
     );
     let names: Vec<String> = (0..thread_count).map(|i| format!("soak-{i:04}")).collect();
     let (gate, open) = watch::channel(true);
@@ -473,7 +552,7 @@ async fn overlapping_faults_under_load_lose_nothing_and_recover() {
         progress(started, cycle, "persister caught up");
         tokio::time::sleep(LAG + Duration::from_millis(500)).await;
         worker.wait_ready().await;
-        let fresh = BinaryApp::start_binary(&release_binary(), &worker_env(nats.url())).await;
+        let fresh = BinaryApp::start_binary(&worker_binary(), &worker_env(nats.url())).await;
         fresh.wait_ready().await;
         progress(started, cycle, "comparing");
         let found = compare(&worker.api, &fresh.api, &store, &names).await;
@@ -497,6 +576,85 @@ async fn overlapping_faults_under_load_lose_nothing_and_recover() {
 
     // The verdict and its table.
     let mut failures = divergences.clone();
+    let metrics = worker.api.metrics().await;
+    let shadow = |result: &str| {
+        metric(
+            &metrics,
+            &format!("history_view_shadow_checks_total{{result=\"{result}\"}}"),
+        )
+    };
+    // `missing` and `differs` are the worker's failures. `late` says the persister broke the bound for an event the
+    // live path missed: this soak's own persister does when its faults pile events up (a frozen NATS hands them
+    // over 20 s late, a frozen store makes it catch up in batches), which the worker measures on the rows it reads
+    // (`history_view_persister_lag_exceeded_total`). A `late` without such a measured row is unexplained: a failure.
+    let lag_exceeded = metric(&metrics, "history_view_persister_lag_exceeded_total");
+    // A `missing` row is a stored row whose `_id` says it was stored before the read. The driver sets `_id` when
+    // the insert is sent, so a row this soak's persister committed beyond the bound (a frozen or overloaded store)
+    // looks in time although the hydration before the read could not see it: the assumption broke, invisibly to
+    // the worker. Such rows are explained when every missing event is named in the checks' warnings (one a second,
+    // 20 events each) and each is one the persister committed beyond the bound.
+    let warnings = worker.log_lines("A shadow check found");
+    let named_missing: Vec<String> = warnings
+        .iter()
+        .flat_map(|line| missing_events(line))
+        .collect();
+    let missing_events_total = metric(
+        &metrics,
+        "history_view_shadow_events_total{result=\"missing\"}",
+    );
+    let (late_committed, commit_lag_max) = {
+        let late = late_commits.lock().unwrap();
+        let unexplained = named_missing
+            .iter()
+            .filter(|id| !late.events.contains(id.as_str()))
+            .count();
+        let explained = if named_missing.len() as f64 == missing_events_total {
+            named_missing.len() - unexplained
+        } else {
+            0
+        };
+        for id in &named_missing {
+            let lag = late.lags.get(id.as_str());
+            eprintln!("missing event {id}: committed {lag:?} after its created_at");
+        }
+        ((explained, late.events.len()), late.max)
+    };
+    let missing_explained = late_committed.0 as f64 == missing_events_total;
+    for result in ["missing", "late", "differs"] {
+        let explained =
+            (result == "late" && lag_exceeded > 0.0) || (result == "missing" && missing_explained);
+        if shadow(result) > 0.0 && !explained {
+            failures.push(format!(
+                "{} shadow checks found {result} rows",
+                shadow(result)
+            ));
+        }
+    }
+    if failures.len() > divergences.len() {
+        // What the failed checks logged (metadata only).
+        failures.extend(warnings.into_iter().take(10));
+    }
+    eprintln!("rows read beyond the persister-lag bound: {lag_exceeded}");
+    eprintln!(
+        "events committed beyond the bound: {} (largest commit lag {:.1} s); missing events explained by them: {} of {missing_events_total}",
+        late_committed.1,
+        commit_lag_max.as_secs_f64(),
+        late_committed.0,
+    );
+    let shadow_results: Vec<String> = [
+        "match",
+        "ahead",
+        "uncertain",
+        "window",
+        "missing",
+        "late",
+        "differs",
+        "dropped",
+        "error",
+    ]
+    .iter()
+    .map(|r| format!("{r}={}", shadow(r)))
+    .collect();
     failures.extend(unnoticed);
     for (fault, count) in &injected {
         if *count < cycles {
@@ -556,6 +714,7 @@ async fn overlapping_faults_under_load_lose_nothing_and_recover() {
         "between faults: {calm_cache} of {calm_total} reads from memory ({:.0}%)",
         calm_share * 100.0
     );
+    eprintln!("shadow checks: {}", shadow_results.join(" "));
     eprintln!(
         "quiet points: {}",
         quiet_points
@@ -581,6 +740,9 @@ async fn overlapping_faults_under_load_lose_nothing_and_recover() {
         "between_faults": {"total": calm_total, "cache": calm_cache},
         "quiet_points": quiet_points,
         "rss_kib": rss,
+        "shadow_checks": shadow_results,
+        "late_commits": {"events": late_committed.1, "max_ms": commit_lag_max.as_millis() as u64,
+            "missing_explained": late_committed.0},
         "failures": failures,
     });
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/soak.json");

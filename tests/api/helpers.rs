@@ -159,6 +159,15 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// The status, headers and whole body of `response`.
+    async fn read(response: reqwest::Response) -> Self {
+        Self {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.text().await.expect("body"),
+        }
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
@@ -195,11 +204,18 @@ impl Api {
             .send()
             .await
             .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-        Reply {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            body: response.text().await.expect("body"),
-        }
+        Reply::read(response).await
+    }
+
+    /// `POST {path}` without a body.
+    pub async fn post(&self, path: &str) -> Reply {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.address))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        Reply::read(response).await
     }
 
     /// `GET /v1/threads/{thread}/history` with the given query string (without `?`).
@@ -231,7 +247,13 @@ impl Api {
 
     /// Waits until the worker has received at least `count` NATS messages (any outcome).
     pub async fn wait_for_events(&self, count: u64) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.wait_for_events_within(count, Duration::from_secs(20))
+            .await;
+    }
+
+    /// [`Api::wait_for_events`] for at most `limit`.
+    pub async fn wait_for_events_within(&self, count: u64, limit: Duration) {
+        let deadline = Instant::now() + limit;
         loop {
             let received = metric_sum(&self.metrics().await, "history_view_events_total");
             if received >= count as f64 {
@@ -394,6 +416,11 @@ impl BinaryApp {
         self.worker.pid()
     }
 
+    /// Every line the worker logged that contains `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        self.worker.log_lines(needle)
+    }
+
     /// Sends SIGTERM, as Kubernetes does.
     pub fn terminate(&self) {
         self.worker.terminate();
@@ -422,14 +449,15 @@ impl BinaryApp {
     }
 }
 
-/// The release build of the worker, for the scenarios that measure how it keeps up (`make test` builds it first).
-pub fn release_binary() -> PathBuf {
-    let binary = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/chat-history-view");
-    assert!(
-        binary.exists(),
-        "{} is missing: run `cargo build --release` first (`make test` does)",
-        binary.display()
+/// The worker binary for the scenarios that measure how it keeps up: the one the tests built (its dependencies
+/// optimized, see Cargo.toml's dev profile), or the one `CHV_WORKER_BINARY` names (`make soak` runs the release
+/// build).
+pub fn worker_binary() -> PathBuf {
+    let binary = std::env::var_os("CHV_WORKER_BINARY").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_chat-history-view")),
+        PathBuf::from,
     );
+    assert!(binary.exists(), "{} is missing", binary.display());
     binary
 }
 

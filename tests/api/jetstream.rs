@@ -96,6 +96,23 @@ async fn resumed_without_a_gap(api: &Api, thread: &str, answer: &str, before: f6
         messages(&served),
         turns(&[("user", "Q"), ("assistant", answer)])
     );
+    // The consumers are seen drained every second: soon after the resume (whose first request may take a while,
+    // and the instant is taken before it) answers cover up to a moment ago.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = api.history(thread, "").await;
+        let covered = crate::shadow::covered_through(&reply);
+        let now = crate::shadow::now_ms();
+        assert!(covered <= now + 1_000, "{covered} is ahead of {now}");
+        if reply.source() == Some("cache") && covered + 3_000 > now {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "covered through {covered}, now {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(resumes(api, "gap").await, 0.0);
     assert_eq!(hydrations(api).await, before, "the view was kept");
 }

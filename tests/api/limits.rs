@@ -1,5 +1,5 @@
 //! `HISTORY_VIEW_MAX_THREAD_BYTES`: a read of a thread past it answers 507 within the store timeout, and memory stays
-//! within its bound while such reads run and falls back after (through the release binary, as deployed); a live view
+//! within its bound while such reads run and falls back after (through the worker binary, as deployed); a live view
 //! that outgrows it leaves the cache and its reads answer as a store read would.
 
 use std::time::{Duration, Instant};
@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::helpers::{
-    chunk_row, metric, publish_rows, release_binary, spawn_app_with, turns, unique, user_row,
+    chunk_row, metric, publish_rows, spawn_app_with, turns, unique, user_row, worker_binary,
 };
 use crate::scene::{Scene, read_until_cache, wait_metric};
 use test_support::memory::memory;
@@ -42,7 +42,7 @@ async fn reads_of_threads_past_the_limit_answer_507_in_bounded_memory_that_is_gi
     }
     let worker = scene
         .worker_binary(
-            &release_binary(),
+            &worker_binary(),
             scene.nats.url(),
             &[
                 ("HISTORY_VIEW_CACHE_MAX_BYTES", "16MiB"),

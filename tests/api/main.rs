@@ -37,6 +37,9 @@ mod fuzz_corpus;
 // Overlapping faults under load: nothing lost, recovery by itself (SOAK_SECS; `make soak`). Named to sort early:
 // libtest starts tests in name order, and this one-cycle soak is the longest test of `make test`.
 mod chaos;
+// Shadow checks through the binary: a row the view lacks found and healed (missing, late, differs), no false alarm
+// under the multi-turn workload, freshness on every answer, verify on demand.
+mod shadow;
 // Graceful shutdown.
 mod shutdown;
 // Metrics and readiness.
@@ -51,3 +54,6 @@ mod jetstream;
 mod srv;
 // Partitioned workers on a JetStream subject transform.
 mod partitioned;
+// What operators install: a real Prometheus scraping workers, the dashboard's and alerts' expressions, promtool,
+// replicas answering alike.
+mod monitoring;

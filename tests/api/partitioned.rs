@@ -114,15 +114,29 @@ async fn the_owner_of_a_thread_is_the_partition_nats_server_routes_it_to() {
 
 /// A digit prefix `p` such that ports `p0`, `p1`, … (one per partition) are free on 127.0.0.1: a peer URL
 /// template `http://127.0.0.1:p{partition}` reaches every worker, as `http://chv-{partition}.chv-headless:8080`
-/// does in Kubernetes.
+/// does in Kubernetes. The ports lie between `free_port`'s range and Linux's ephemeral one (so no outgoing
+/// connection takes one), and a prefix is handed out once per process: two deployments of concurrent tests never
+/// share one (a worker that cannot bind its port while another test's worker answers on it would otherwise look
+/// ready).
 fn port_prefix(partitions: u16) -> u16 {
-    let start = (std::process::id() % 3000) as u16;
-    (0..3000u16)
-        .map(|i| 2000 + (start + i * 7) % 4000)
+    const PREFIXES: std::ops::Range<u16> = 2000..3276;
+    static TAKEN: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
+    assert!(partitions <= 10, "one digit per partition");
+    let span = PREFIXES.end - PREFIXES.start;
+    let start = u16::try_from(std::process::id() % u32::from(span)).expect("below the span");
+    let mut taken = TAKEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let prefix = (0..span)
+        .map(|i| PREFIXES.start + (start + i * 7) % span)
         .find(|prefix| {
-            (0..partitions).all(|k| TcpListener::bind(("127.0.0.1", prefix * 10 + k)).is_ok())
+            !taken.contains(prefix)
+                && (0..partitions)
+                    .all(|k| TcpListener::bind(("127.0.0.1", prefix * 10 + k)).is_ok())
         })
-        .expect("free ports")
+        .expect("free ports");
+    taken.insert(prefix);
+    prefix
 }
 
 /// A partitioned deployment: a 3-node cluster with aihub's class streams (3 replicas), a store, a publisher, and
@@ -298,7 +312,9 @@ async fn three_partitioned_workers_answer_every_thread_through_any_worker() {
     for k in 0..3 {
         deployment
             .api(k)
-            .wait_for_events(expected[k as usize] as u64)
+            // nats-server sources the R3 class streams into the partitioned stream: on two loaded cores (the
+            // suite runs two tests at once) that took more than 20 s for these 349 events in some runs.
+            .wait_for_events_within(expected[k as usize] as u64, Duration::from_secs(90))
             .await;
     }
     // Nothing more arrives: each worker received exactly its partition's events.
@@ -349,6 +365,20 @@ async fn three_partitioned_workers_answer_every_thread_through_any_worker() {
             stored.body,
             deployment.api(0).history(id, "").await.body,
             "{id}"
+        );
+    }
+
+    // `verify` through any worker is the owner's comparison (forwarded like a read).
+    let (id, _) = &generated[0];
+    for (k, api) in deployment.apis().enumerate() {
+        let verified = api.post(&format!("/v1/threads/{id}/verify")).await;
+        assert_eq!(verified.status, 200, "via {k}: {}", verified.body);
+        assert_eq!(verified.json()["thread_id"], id.as_str());
+        assert_eq!(
+            verified.json()["result"],
+            "match",
+            "via {k}: {}",
+            verified.body
         );
     }
 

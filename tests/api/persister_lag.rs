@@ -278,6 +278,9 @@ async fn hydration_measures_the_persister_lag_and_counts_rows_beyond_the_bound()
             chunk_row(thread, "d1", "A", "e2", now_ns(1), "fresh"),
             // Persisted a minute after it was created.
             chunk_row(thread, "d1", "A", "e3", now_ns(-60_000_000_000), "stale"),
+            // Clocks (or fixtures) that make no lag: created 30 s after it was stored, and at the epoch.
+            chunk_row(thread, "d1", "A", "e4", now_ns(30_000_000_000), "ahead"),
+            chunk_row(thread, "d1", "A", "e5", 5, "epoch"),
         ])
         .await;
     assert_eq!(app.api.history(thread, "").await.status, 200);
@@ -291,5 +294,16 @@ async fn hydration_measures_the_persister_lag_and_counts_rows_beyond_the_bound()
         metric(&metrics, "history_view_persister_lag_exceeded_total"),
         1.0
     );
-    assert!(metric(&metrics, "history_view_persister_lag_seconds_sum") >= 59.0);
+    let sum = metric(&metrics, "history_view_persister_lag_seconds_sum");
+    assert!((59.0..=62.0).contains(&sum), "{sum}");
+    for side in ["negative", "too_large"] {
+        assert_eq!(
+            metric(
+                &metrics,
+                &format!("history_view_persister_lag_out_of_range_total{{side=\"{side}\"}}")
+            ),
+            1.0,
+            "{side}"
+        );
+    }
 }
