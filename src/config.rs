@@ -200,6 +200,11 @@ pub struct Config {
     #[arg(long, env = "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT", default_value = "256", value_parser = parse_connections)]
     pub http_max_in_flight: usize,
 
+    /// Reads waiting for a run (`wait_for_run`) at once; they hold no in-flight permit while they wait, and one beyond
+    /// it answers 503 overloaded at once.
+    #[arg(long, env = "HISTORY_VIEW_HTTP_MAX_WAITING", default_value = "1024", value_parser = parse_connections)]
+    pub http_max_waiting: usize,
+
     /// Seconds from a request's first byte to the end of its headers before the connection is closed.
     #[arg(long, env = "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS", default_value = "10", value_parser = parse_secs)]
     pub http_header_timeout: Duration,
@@ -1002,6 +1007,7 @@ mod tests {
             ),
             ("http-max-connections", "HISTORY_VIEW_HTTP_MAX_CONNECTIONS"),
             ("http-max-in-flight", "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT"),
+            ("http-max-waiting", "HISTORY_VIEW_HTTP_MAX_WAITING"),
             (
                 "http-header-timeout",
                 "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS",

@@ -76,6 +76,8 @@ pub enum HttpRefusal {
     Connections,
     /// A read beyond `HISTORY_VIEW_HTTP_MAX_IN_FLIGHT` (answered 503).
     InFlight,
+    /// A read waiting for a run beyond `HISTORY_VIEW_HTTP_MAX_WAITING` (answered 503).
+    Waiting,
 }
 
 impl HttpRefusal {
@@ -83,6 +85,7 @@ impl HttpRefusal {
         match self {
             HttpRefusal::Connections => "connections",
             HttpRefusal::InFlight => "in_flight",
+            HttpRefusal::Waiting => "waiting",
         }
     }
 }
@@ -407,7 +410,8 @@ impl Metrics {
                     "history_view_http_refused_total",
                     "Clients turned away: connections beyond HISTORY_VIEW_HTTP_MAX_CONNECTIONS (reason=connections; \
                      served the probes and /metrics only, or closed) and reads beyond HISTORY_VIEW_HTTP_MAX_IN_FLIGHT \
-                     (reason=in_flight; answered 503)",
+                     (reason=in_flight; answered 503) and reads waiting for a run beyond HISTORY_VIEW_HTTP_MAX_WAITING \
+                     (reason=waiting; answered 503)",
                     &["reason"],
                 ),
             ),
@@ -625,7 +629,12 @@ impl Metrics {
         );
         preset(
             &inner.http_refused,
-            &[HttpRefusal::Connections, HttpRefusal::InFlight].map(HttpRefusal::label),
+            &[
+                HttpRefusal::Connections,
+                HttpRefusal::InFlight,
+                HttpRefusal::Waiting,
+            ]
+            .map(HttpRefusal::label),
         );
         preset(
             &inner.http_timeouts,

@@ -3,11 +3,13 @@
 //! [6](../docs/contract.md#6) and [7](../docs/contract.md#7)). No I/O, no async: the same function serves the live view
 //! and the store path, so equal event sets give identical output.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
+use md5::{Digest, Md5};
 use serde::Serialize;
 
 use crate::decode::{Body, ErrorType, Part, ViewEvent};
+use crate::subject::DeliveryKey;
 
 /// The agent a read is made for (`<agent_class>/<agent_id>` of the OpenAI model name). It gates terminal recovery:
 /// only its own stop events may supply the unstreamed end of an answer.
@@ -114,11 +116,72 @@ impl Warning {
     }
 }
 
-/// The projector's result: the history and the warnings, in the order aihub logs them.
+/// The projector's result: the history and the warnings, in the order aihub logs them, and what the history's
+/// other forms need ([design 3.1](../docs/design.md#3.1)): each message's provenance, the runs that finished, when
+/// the conversation began.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Projection {
     pub history: HistoryResponse,
     pub warnings: Vec<Warning>,
+    /// One per message of `history`, in the same order.
+    pub provenance: Vec<Provenance>,
+    /// The runs that finished: a stop event of the primary agent (of any agent when the read has no identity) or a
+    /// HITL request of the run, well-formed or not (either way nothing of the run follows it).
+    pub finished_runs: BTreeSet<Box<str>>,
+    /// Whether any display is client-visible (a thread without one has no conversation).
+    pub visible: bool,
+    /// `created_at` (nanoseconds) of the first visible event in history order.
+    pub first_visible_at: Option<i64>,
+}
+
+/// `msg_` and the 32 lowercase hex digits of an item id's digest.
+pub fn format_item_id(digest: &[u8; 16]) -> String {
+    use std::fmt::Write as _;
+    let mut id = String::with_capacity(36);
+    id.push_str("msg_");
+    for byte in digest {
+        let _ = write!(id, "{byte:02x}");
+    }
+    id
+}
+
+/// Where one message came from: its first event, and the runs whose events it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Provenance {
+    /// The delivery key of the message's first event (in history order).
+    pub first: DeliveryKey,
+    /// The runs whose events joined the message, in the order they first joined it, and whether each finished.
+    pub runs: Vec<RunState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunState {
+    pub run_id: Box<str>,
+    pub finished: bool,
+}
+
+impl Provenance {
+    /// The message's id: `msg_` and the hex MD5 digest of its first event's key (each field length-prefixed).
+    /// It changes only when an earlier event joins the message, never when messages before it change.
+    pub fn id(&self) -> String {
+        format_item_id(&self.id_digest())
+    }
+
+    /// The digest [`Provenance::id`] shows.
+    pub fn id_digest(&self) -> [u8; 16] {
+        let mut digest = Md5::new();
+        for field in self.first.fields() {
+            digest.update((field.len() as u64).to_le_bytes());
+            digest.update(field.as_bytes());
+        }
+        digest.finalize().into()
+    }
+
+    /// Whether the message is still being written: its last run has not finished. (A user message's runs are the
+    /// user's; only assistant messages are ever in progress, see [`Turn`].)
+    pub fn in_progress(&self) -> bool {
+        self.runs.last().is_some_and(|run| !run.finished)
+    }
 }
 
 /// Displays on which a `UserAgent` marker landed: the client-visible surfaces ([contract
@@ -147,6 +210,7 @@ pub fn validate(event: &ViewEvent) -> Result<i64, ErrorType> {
 /// is what the tests and the fuzz targets hold it to (the conformance cases, and the property that both agree).
 pub fn project(events: &[ViewEvent], primary: Option<&Identity>) -> Projection {
     let visible = visible_displays(events);
+    let any_visible = !visible.is_empty();
     let mut warnings = Vec::new();
     let mut seen = HashSet::new();
     let mut ordered = Vec::with_capacity(events.len());
@@ -164,7 +228,9 @@ pub fn project(events: &[ViewEvent], primary: Option<&Identity>) -> Projection {
         }
     }
     ordered.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.key.cmp(&b.1.key)));
-    build(ordered.into_iter().map(|(_, e)| e), primary, warnings)
+    let mut projection = build(ordered.into_iter().map(|(_, e)| e), primary, warnings);
+    projection.visible = any_visible;
+    projection
 }
 
 /// Projects a thread view: `ordered` holds valid, deduplicated events already in sort order, `rejected` the events
@@ -185,11 +251,13 @@ pub fn project_view<'a>(
                 .map(|t| Warning::new(e, WarningKind::Malformed(t)))
         })
         .collect();
-    build(
+    let mut projection = build(
         ordered.filter(|e| visible.contains(e.key.display_id())),
         primary,
         warnings,
-    )
+    );
+    projection.visible = !visible.is_empty();
+    projection
 }
 
 /// The transcript builder of [contract 5.3](../docs/contract.md#5.3) driven by the dispatch of
@@ -200,7 +268,10 @@ fn build<'a>(
     mut warnings: Vec<Warning>,
 ) -> Projection {
     let mut transcript = Transcript::default();
+    let mut finished_runs = BTreeSet::new();
+    let mut first_visible_at = None;
     for event in events {
+        first_visible_at = first_visible_at.or(event.created_at.ok());
         let display = event.key.display_id();
         let mut warn =
             |error: ErrorType| warnings.push(Warning::new(event, WarningKind::Malformed(error)));
@@ -216,7 +287,7 @@ fn build<'a>(
                     ));
                 }
                 match &content.parts {
-                    Ok(parts) => transcript.add_user_parts(display, parts.iter().cloned()),
+                    Ok(parts) => transcript.add_user_parts(event, parts.iter().cloned()),
                     Err(error) => {
                         warnings.push(Warning::new(event, WarningKind::Malformed(*error)))
                     }
@@ -226,7 +297,7 @@ fn build<'a>(
                 transcript.start_user_segment(display);
                 match answer {
                     Ok(text) => transcript.add_user_parts(
-                        display,
+                        event,
                         [Part::Text {
                             text: text.to_string(),
                         }],
@@ -234,21 +305,31 @@ fn build<'a>(
                     Err(error) => warn(*error),
                 }
             }
-            Body::Chunk(text) | Body::HitlQuestion(text) => match text {
-                Ok(text) => transcript.add_assistant_text(display, text),
+            Body::Chunk(text) => match text {
+                Ok(text) => transcript.add_assistant_text(event, text),
                 Err(error) => warn(*error),
             },
+            Body::HitlQuestion(text) => {
+                finished_runs.insert(event.key.run_id().into());
+                match text {
+                    Ok(text) => transcript.add_assistant_text(event, text),
+                    Err(error) => warn(*error),
+                }
+            }
             Body::Stop(full_answer) => {
                 let is_primary = primary.is_some_and(|p| {
                     p.agent_class == event.key.agent_class() && p.agent_id == event.key.agent_id()
                 });
+                if primary.is_none() || is_primary {
+                    finished_runs.insert(event.key.run_id().into());
+                }
                 if is_primary {
                     match full_answer {
                         Ok(full) => {
                             let suffix = missing_suffix(transcript.streamed(display), full);
                             if !suffix.is_empty() {
                                 let suffix = suffix.to_owned();
-                                transcript.add_assistant_text(display, &suffix);
+                                transcript.add_assistant_text(event, &suffix);
                             }
                         }
                         Err(error) => warn(*error),
@@ -258,9 +339,14 @@ fn build<'a>(
             Body::Inert => {}
         }
     }
+    let (history, provenance) = transcript.finish(&finished_runs);
     Projection {
-        history: transcript.finish(),
+        history,
         warnings,
+        provenance,
+        finished_runs,
+        visible: false,
+        first_visible_at,
     }
 }
 
@@ -271,11 +357,33 @@ pub fn missing_suffix<'a>(streamed: &str, full: &'a str) -> &'a str {
     full.strip_prefix(streamed).unwrap_or("")
 }
 
-/// A message being built, with the display it belongs to (merging is per display).
+/// A message being built, with the display it belongs to (merging is per display), its first event and the runs
+/// whose events joined it.
 struct Turn<'a> {
     role: Role,
     display: &'a str,
     content: Vec<Part>,
+    first: &'a DeliveryKey,
+    runs: Vec<&'a str>,
+}
+
+impl<'a> Turn<'a> {
+    fn new(role: Role, event: &'a ViewEvent, content: Vec<Part>) -> Self {
+        Self {
+            role,
+            display: event.key.display_id(),
+            content,
+            first: &event.key,
+            runs: vec![event.key.run_id()],
+        }
+    }
+
+    fn joined(&mut self, event: &'a ViewEvent) {
+        let run = event.key.run_id();
+        if !self.runs.contains(&run) {
+            self.runs.push(run);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -296,21 +404,22 @@ impl<'a> Transcript<'a> {
     }
 
     /// Same-role merging is per display: a user message continues only a user message on the same display.
-    fn add_user_parts(&mut self, display: &'a str, parts: impl IntoIterator<Item = Part>) {
+    fn add_user_parts(&mut self, event: &'a ViewEvent, parts: impl IntoIterator<Item = Part>) {
+        let display = event.key.display_id();
         self.start_user_segment(display);
         match self.messages.last_mut() {
             Some(turn) if turn.role == Role::User && turn.display == display => {
-                turn.content.extend(parts)
+                turn.content.extend(parts);
+                turn.joined(event);
             }
-            _ => self.messages.push(Turn {
-                role: Role::User,
-                display,
-                content: parts.into_iter().collect(),
-            }),
+            _ => self
+                .messages
+                .push(Turn::new(Role::User, event, parts.into_iter().collect())),
         }
     }
 
-    fn add_assistant_text(&mut self, display: &'a str, text: &str) {
+    fn add_assistant_text(&mut self, event: &'a ViewEvent, text: &str) {
+        let display = event.key.display_id();
         match self.messages.last_mut() {
             Some(turn) if turn.role == Role::Assistant && turn.display == display => {
                 match turn.content.last_mut() {
@@ -319,14 +428,15 @@ impl<'a> Transcript<'a> {
                         text: text.to_owned(),
                     }),
                 }
+                turn.joined(event);
             }
-            _ => self.messages.push(Turn {
-                role: Role::Assistant,
-                display,
-                content: vec![Part::Text {
+            _ => self.messages.push(Turn::new(
+                Role::Assistant,
+                event,
+                vec![Part::Text {
                     text: text.to_owned(),
                 }],
-            }),
+            )),
         }
         self.assistant_text
             .entry(display)
@@ -334,17 +444,31 @@ impl<'a> Transcript<'a> {
             .push_str(text);
     }
 
-    fn finish(self) -> HistoryResponse {
-        HistoryResponse {
-            messages: self
-                .messages
-                .into_iter()
-                .map(|turn| HistoryMessage {
+    /// The messages and their provenance. A user message is never in progress: its runs are marked finished.
+    fn finish(self, finished_runs: &BTreeSet<Box<str>>) -> (HistoryResponse, Vec<Provenance>) {
+        let mut provenance = Vec::with_capacity(self.messages.len());
+        let messages = self
+            .messages
+            .into_iter()
+            .map(|turn| {
+                provenance.push(Provenance {
+                    first: turn.first.clone(),
+                    runs: turn
+                        .runs
+                        .iter()
+                        .map(|&run| RunState {
+                            run_id: run.into(),
+                            finished: turn.role == Role::User || finished_runs.contains(run),
+                        })
+                        .collect(),
+                });
+                HistoryMessage {
                     role: turn.role,
                     content: turn.content,
-                })
-                .collect(),
-        }
+                }
+            })
+            .collect();
+        (HistoryResponse { messages }, provenance)
     }
 }
 

@@ -14,6 +14,7 @@
 //! shared by the run. Progress goes to stderr, the table to stdout.
 
 mod data;
+mod p10_pages;
 mod p1_ingest;
 mod p2_cache_reads;
 mod p2_ceiling;
@@ -67,6 +68,7 @@ async fn run_all(setup: Arc<Setup>) -> Vec<Row> {
     rows.extend(measure(&setup, "P7", p7_multi_turn::run).await);
     rows.extend(measure(&setup, "P8", p8_hot_thread::run).await);
     rows.extend(measure(&setup, "P9", p9_faults::run).await);
+    rows.extend(measure(&setup, "P10", p10_pages::run).await);
     rows
 }
 

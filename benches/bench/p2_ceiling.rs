@@ -103,6 +103,7 @@ async fn serve(
         api_token: None,
         openapi: openapi_json().expect("the OpenAPI document"),
         reads: Arc::new(tokio::sync::Semaphore::new(config.http_max_in_flight)),
+        waiting: Arc::new(tokio::sync::Semaphore::new(config.http_max_waiting)),
         peers: None,
     };
     let etag = HeaderValue::from_str(&etag).expect("an ETag header value");

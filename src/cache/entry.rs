@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
-use super::render::{Answer, Rendering, Source};
+use super::render::{Answer, Form, Rendering, Source};
 use super::work::StoreSide;
 use crate::coverage::{self, Coverage, Stamp};
 use crate::decode::ViewEvent;
@@ -43,12 +43,16 @@ pub struct Entry {
     waiting: Mutex<Vec<ViewEvent>>,
     /// The view's bytes, updated by every holder as it lets go.
     pub view_bytes: AtomicUsize,
-    /// The bytes of the last rendered answer.
+    /// The bytes of the renderings held.
     rendered_bytes: AtomicUsize,
     /// The weight moka charged at the last insert.
     charged: AtomicUsize,
-    /// The last rendered answer and the warnings logged for this view; taken while holding the view.
+    /// The renderings of the view's version and the warnings logged for this view; taken while holding the view.
     rendering: Mutex<Rendering>,
+    /// The view's version as its last holder let go of it.
+    pub version: AtomicU64,
+    /// Notified as a holder that changed the view lets go of it (a read waiting for a run listens).
+    pub changed: tokio::sync::Notify,
     /// What the store side of the entry is doing.
     pub store: StoreSide,
     /// The thread outgrew `HISTORY_VIEW_MAX_THREAD_BYTES`: the entry left the cache with its view emptied, and its
@@ -68,6 +72,8 @@ pub struct ViewGuard<'a> {
     metrics: &'a Metrics,
     /// `None` only while dropping.
     view: Option<MutexGuard<'a, ThreadView>>,
+    /// The view's version when it was taken.
+    taken_at: u64,
 }
 
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -79,10 +85,12 @@ pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl<'a> ViewGuard<'a> {
     /// Takes over `view` (locked) and applies the waiting events to it.
     fn new(entry: &'a Entry, metrics: &'a Metrics, view: MutexGuard<'a, ThreadView>) -> Self {
+        let taken_at = view.version();
         let mut guard = ViewGuard {
             entry,
             metrics,
             view: Some(view),
+            taken_at,
         };
         guard.apply_waiting();
         guard
@@ -119,14 +127,23 @@ impl Drop for ViewGuard<'_> {
         loop {
             self.apply_waiting();
             self.entry.view_bytes.store(self.bytes(), Ordering::Relaxed);
+            let version = self.version();
             drop(self.view.take());
+            if version != self.taken_at {
+                self.entry.version.store(version, Ordering::Release);
+                self.entry.changed.notify_waiters();
+                self.taken_at = version;
+            }
             // An event pushed after the last check, while this guard still held the view, waits for a holder:
             // be that holder if the view is free (if it is not, its holder checks as it lets go).
             if lock(&self.entry.waiting).is_empty() {
                 return;
             }
             match self.entry.try_lock_view() {
-                Some(view) => self.view = Some(view),
+                Some(view) => {
+                    self.taken_at = view.version();
+                    self.view = Some(view);
+                }
                 None => return,
             }
         }
@@ -155,6 +172,8 @@ impl Entry {
             rendered_bytes: AtomicUsize::new(0),
             charged: AtomicUsize::new(0),
             rendering: Mutex::new(Rendering::default()),
+            version: AtomicU64::new(0),
+            changed: tokio::sync::Notify::new(),
             store: StoreSide::new(),
             too_large: AtomicBool::new(false),
             skipped_markers_warned: AtomicBool::new(false),
@@ -207,13 +226,13 @@ impl Entry {
 
     /// Renders the view (held by the caller) for `primary`, reusing the last rendering while the view has not
     /// changed, and records the rendering's bytes.
-    pub fn render(
+    pub fn render<F: Form>(
         &self,
         view: &mut ThreadView,
         primary: Option<&Identity>,
         source: Source,
         metrics: &Metrics,
-    ) -> Answer {
+    ) -> Answer<F> {
         let mut rendering = lock(&self.rendering);
         let answer = rendering.render(&self.thread_id, view, primary, source, metrics);
         self.rendered_bytes

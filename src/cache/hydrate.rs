@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::entry::Entry;
-use super::render::{Answer, Rendering, Source};
+use super::render::{Answer, Form, Rendering, Source};
 use super::work::{Begin, Outcome, Ticket};
 use super::{LimitPath, ReadError, ViewCache};
 use crate::coverage::{Stamp, Verdict};
@@ -122,11 +122,11 @@ impl<S: StoreReads> ViewCache<S> {
     ///
     /// # Errors
     /// [`ReadError`] as for a hydration.
-    pub async fn read_uncached(
+    pub async fn read_uncached<F: Form>(
         &self,
         thread_id: &str,
         primary: Option<&Identity>,
-    ) -> Result<Answer, ReadError> {
+    ) -> Result<Answer<F>, ReadError> {
         let deadline = Instant::now() + self.settings.store_timeout;
         let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
         else {

@@ -22,6 +22,7 @@
 mod entry;
 mod fill;
 mod hydrate;
+mod items;
 mod render;
 mod shadow;
 #[cfg(test)]
@@ -38,7 +39,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use render::{Answer, Source};
+pub use items::{InvalidCursor, Items, Order};
+pub use render::{Answer, Facts, Form, HistoryBody, Source, etag_of};
 pub use shadow::VerifyReport;
 
 use crate::coverage::Coverage;
@@ -53,6 +55,9 @@ use crate::view::{Inserted, ThreadView, ViewState};
 use entry::Entry;
 use fill::FillRequest;
 use work::{Begin, Outcome};
+
+/// The longest a read waiting for a run waits for one change notification before it reads again.
+pub const CHANGE_RECHECK: Duration = Duration::from_millis(250);
 
 /// Fills waiting for a query; beyond it a fill is dropped and its view's next read hydrates.
 const FILL_QUEUE: usize = 1024;
@@ -237,11 +242,11 @@ impl<S: StoreReads> ViewCache<S> {
     ///
     /// # Errors
     /// [`ReadError`] when the view needed the store and the store failed (or was busy), or the thread is too large.
-    pub async fn read(
+    pub async fn read<F: Form>(
         &self,
         thread_id: &str,
         primary: Option<&Identity>,
-    ) -> Result<Answer, ReadError> {
+    ) -> Result<Answer<F>, ReadError> {
         let entry = self.entry(thread_id).await;
         let catch_up = self.coverage.catch_up();
         if !catch_up.is_caught_up() {
@@ -283,6 +288,24 @@ impl<S: StoreReads> ViewCache<S> {
         }
     }
 
+    /// Waits until the view of `thread_id` is no longer at `version` (an answer's [`Answer::version`]), or until
+    /// `until`, but at most [`CHANGE_RECHECK`] (an entry that replaced an evicted one is not listened to: the
+    /// caller reads again and finds it).
+    pub async fn changed(&self, thread_id: &str, version: u64, until: Instant) {
+        let until = until.min(Instant::now() + CHANGE_RECHECK);
+        let Some(entry) = self.cache.get(thread_id).await else {
+            tokio::time::sleep_until(until).await;
+            return;
+        };
+        let notified = entry.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if entry.version.load(Ordering::Acquire) != version {
+            return;
+        }
+        let _ = tokio::time::timeout_at(until, notified).await;
+    }
+
     /// Stops the background re-reads and fills (at shutdown).
     pub fn stop_background(&self) {
         self.stop.cancel();
@@ -306,12 +329,12 @@ impl<S: StoreReads> ViewCache<S> {
     /// The answer of a complete view; `None` (and the view downgraded if it was complete as of an older epoch: a
     /// gap or a removal happened since) otherwise, and while a resumed live source has not caught up (the view may
     /// lack what its stream still holds).
-    fn complete_answer(
+    fn complete_answer<F: Form>(
         &self,
         entry: &Entry,
         primary: Option<&Identity>,
         source: Source,
-    ) -> Option<Answer> {
+    ) -> Option<Answer<F>> {
         if !self.coverage.catch_up().is_caught_up() {
             return None;
         }
@@ -333,7 +356,7 @@ impl<S: StoreReads> ViewCache<S> {
     }
 
     /// The view's answer as it is, after a store read.
-    fn render(&self, entry: &Entry, primary: Option<&Identity>) -> Answer {
+    fn render<F: Form>(&self, entry: &Entry, primary: Option<&Identity>) -> Answer<F> {
         let mut view = entry.lock_view(&self.metrics);
         let mut answer = entry.render(&mut view, primary, Source::Store, &self.metrics);
         answer.covered_through = entry.stored_through();

@@ -1,12 +1,15 @@
-//! Rendering a view into the answer of a read: the body, its ETag and where it came from, reused while the view
-//! has not changed, and the projector's warnings logged once per view.
+//! Rendering a view into the answer of a read, in the form the read asks for (the history body, or the
+//! Conversations items): rendered once per view version and identity and reused while the view has not changed,
+//! and the projector's warnings logged once per view.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Serialize;
 
+use super::items::Items;
 use crate::metrics::Metrics;
 use crate::project::{HistoryMessage, Identity, Projection};
 use crate::view::ThreadView;
@@ -31,84 +34,232 @@ impl Source {
     }
 }
 
-/// A rendered history response.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    /// `{"thread_id": ..., "messages": [...]}`.
-    pub body: Bytes,
-    /// A strong validator of `body` (quoted), equal for equal bodies whatever their source.
-    pub etag: String,
+/// A read's answer: its body in the form the read asked for, what every form shares, and where it came from.
+#[derive(Debug)]
+pub struct Answer<F> {
+    pub body: Arc<F>,
+    pub facts: Arc<Facts>,
     pub source: Source,
     /// The instant up to which the answer holds every event that reached NATS (`X-History-Covered-Through`), if
     /// one is known.
     pub covered_through: Option<std::time::SystemTime>,
+    /// The view's version it was rendered from (a version restarts in a new entry).
+    pub version: u64,
 }
 
-/// An answer rendered from one version of a view for one primary identity.
+impl<F> Clone for Answer<F> {
+    fn clone(&self) -> Self {
+        Self {
+            body: Arc::clone(&self.body),
+            facts: Arc::clone(&self.facts),
+            source: self.source,
+            covered_through: self.covered_through,
+            version: self.version,
+        }
+    }
+}
+
+/// What every form of one rendering shares ([`Projection`]'s facts beside the messages).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// The runs that finished (see [`Projection::finished_runs`]).
+    pub finished_runs: BTreeSet<Box<str>>,
+    /// Whether any display is client-visible.
+    pub visible: bool,
+    /// `created_at` (nanoseconds) of the first visible event.
+    pub first_visible_at: Option<i64>,
+}
+
+impl Facts {
+    fn of(projection: &Projection) -> Self {
+        Self {
+            finished_runs: projection.finished_runs.clone(),
+            visible: projection.visible,
+            first_visible_at: projection.first_visible_at,
+        }
+    }
+
+    pub fn run_finished(&self, run_id: &str) -> bool {
+        self.finished_runs.contains(run_id)
+    }
+
+    fn bytes(&self) -> usize {
+        64 + self
+            .finished_runs
+            .iter()
+            .map(|run| run.len() + 48)
+            .sum::<usize>()
+    }
+}
+
+/// A form a view is rendered in: the history body, or the Conversations items ([`Items`]). Each is rendered from
+/// a projection at most once per view version and identity, and kept until the view changes.
+pub trait Form: Sized {
+    fn render(thread_id: &str, projection: &Projection) -> Self;
+    /// Where a rendering keeps this form.
+    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>>;
+    /// Bytes held, for the cache's weigher.
+    fn bytes(&self) -> usize;
+}
+
+/// The forms rendered so far from one version of a view for one identity.
+#[derive(Default)]
+pub struct Forms {
+    history: Option<Arc<HistoryBody>>,
+    items: Option<Arc<Items>>,
+}
+
+impl Forms {
+    fn bytes(&self) -> usize {
+        self.history.as_ref().map_or(0, |h| h.bytes()) + self.items.as_ref().map_or(0, |i| i.bytes())
+    }
+}
+
+/// A rendered history response.
+#[derive(Debug)]
+pub struct HistoryBody {
+    /// `{"thread_id": ..., "messages": [...]}`.
+    pub body: Bytes,
+    /// A strong validator of `body` (quoted), equal for equal bodies whatever their source.
+    pub etag: String,
+}
+
+impl Form for HistoryBody {
+    fn render(thread_id: &str, projection: &Projection) -> Self {
+        let body = serde_json::to_vec(&HistoryJson {
+            thread_id,
+            messages: &projection.history.messages,
+        })
+        // Serialising strings and vectors of plain structs cannot fail.
+        .unwrap_or_default();
+        Self {
+            etag: etag_of(&body),
+            body: Bytes::from(body),
+        }
+    }
+
+    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>> {
+        &mut forms.history
+    }
+
+    fn bytes(&self) -> usize {
+        self.body.len() + self.etag.len() + 64
+    }
+}
+
+impl Form for Items {
+    fn render(_thread_id: &str, projection: &Projection) -> Self {
+        Items::new(projection)
+    }
+
+    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>> {
+        &mut forms.items
+    }
+
+    fn bytes(&self) -> usize {
+        Items::bytes(self)
+    }
+}
+
+/// A quoted strong validator of `bytes`.
+pub fn etag_of(bytes: &[u8]) -> String {
+    let mut hasher = DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    format!("\"{:016x}\"", hasher.finish())
+}
+
+/// The forms rendered from one version of a view for one primary identity.
 struct Rendered {
     version: u64,
     primary: Option<Identity>,
-    answer: Answer,
+    facts: Arc<Facts>,
+    forms: Forms,
 }
 
-/// The response body's shape.
+/// The history body's shape.
 #[derive(Serialize)]
-struct HistoryBody<'a> {
+struct HistoryJson<'a> {
     thread_id: &'a str,
     messages: &'a [HistoryMessage],
 }
 
+/// How many identities' renderings of one view version are kept (a thread read for its primary agent and without
+/// an identity, say, does not re-render on every alternation).
+const RENDERED_IDENTITIES: usize = 4;
+
 /// What rendering keeps between reads of one view (the entry's `rendering`, taken while holding the view).
 #[derive(Default)]
 pub struct Rendering {
-    /// The last rendered answer, reused while the view and the primary identity are the same.
-    last: Option<Rendered>,
+    /// Renderings of the view's current version, the most recently made last; at most [`RENDERED_IDENTITIES`].
+    rendered: Vec<Rendered>,
     /// Warnings already logged for this view (hashes of their identity), so a malformed event is warned about once,
     /// not on every read.
     warned: HashSet<u64>,
 }
 
 impl Rendering {
-    /// Renders `view` of `thread_id` for `primary`, reusing the last rendering while the view has not changed.
-    /// Warnings not logged for this view before are logged (and counted in `metrics`).
-    pub fn render(
+    /// Renders `view` of `thread_id` for `primary` in form `F`, reusing what was rendered from this version of the
+    /// view for this identity. Warnings not logged for this view before are logged (and counted in `metrics`).
+    pub fn render<F: Form>(
         &mut self,
         thread_id: &str,
         view: &mut ThreadView,
         primary: Option<&Identity>,
         source: Source,
         metrics: &Metrics,
-    ) -> Answer {
-        if let Some(last) = self.last.as_ref()
-            && last.version == view.version()
-            && last.primary.as_ref() == primary
+    ) -> Answer<F> {
+        let version = view.version();
+        self.rendered.retain(|r| r.version == version);
+        let at = match self
+            .rendered
+            .iter()
+            .position(|r| r.primary.as_ref() == primary)
         {
-            return Answer {
-                source,
-                ..last.answer.clone()
-            };
+            Some(at) => at,
+            None => {
+                if self.rendered.len() == RENDERED_IDENTITIES {
+                    self.rendered.remove(0);
+                }
+                let projection = view.project(primary);
+                metrics.malformed_warnings(log_new_warnings(&mut self.warned, &projection));
+                let mut forms = Forms::default();
+                *F::slot(&mut forms) = Some(Arc::new(F::render(thread_id, &projection)));
+                self.rendered.push(Rendered {
+                    version,
+                    primary: primary.cloned(),
+                    facts: Arc::new(Facts::of(&projection)),
+                    forms,
+                });
+                self.rendered.len() - 1
+            }
+        };
+        let rendered = &mut self.rendered[at];
+        let body = match F::slot(&mut rendered.forms) {
+            Some(body) => Arc::clone(body),
+            // Only another form of this version was rendered: project again for this one (its warnings were logged
+            // when the first form was rendered).
+            slot => Arc::clone(slot.insert(Arc::new(F::render(thread_id, &view.project(primary))))),
+        };
+        Answer {
+            body,
+            facts: Arc::clone(&rendered.facts),
+            source,
+            covered_through: None,
+            version,
         }
-        let projection = view.project(primary);
-        metrics.malformed_warnings(log_new_warnings(&mut self.warned, &projection));
-        let answer = answer(thread_id, &projection, source);
-        self.last = Some(Rendered {
-            version: view.version(),
-            primary: primary.cloned(),
-            answer: answer.clone(),
-        });
-        answer
     }
 
-    /// The bytes the last rendering holds, for the cache's weigher.
+    /// The bytes the renderings hold, for the cache's weigher.
     pub fn bytes(&self) -> usize {
-        self.last.as_ref().map_or(0, |last| {
-            last.answer.body.len() + last.answer.etag.len() + 64
-        })
+        self.rendered
+            .iter()
+            .map(|r| r.forms.bytes() + r.facts.bytes())
+            .sum()
     }
 
-    /// Forgets the last rendering (its memory is freed now); the warnings logged stay logged.
+    /// Forgets the renderings (their memory is freed now); the warnings logged stay logged.
     pub fn forget(&mut self) {
-        self.last = None;
+        self.rendered.clear();
     }
 }
 
@@ -133,20 +284,3 @@ fn log_new_warnings(warned: &mut HashSet<u64>, projection: &Projection) -> usize
     logged
 }
 
-/// Serialises a projection into the response body and its ETag.
-fn answer(thread_id: &str, projection: &Projection, source: Source) -> Answer {
-    let body = serde_json::to_vec(&HistoryBody {
-        thread_id,
-        messages: &projection.history.messages,
-    })
-    // Serialising strings and vectors of plain structs cannot fail.
-    .unwrap_or_default();
-    let mut hasher = DefaultHasher::new();
-    body.hash(&mut hasher);
-    Answer {
-        etag: format!("\"{:016x}\"", hasher.finish()),
-        body: Bytes::from(body),
-        source,
-        covered_through: None,
-    }
-}

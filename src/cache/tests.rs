@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{Answer, CacheSettings, ReadError, Source, ViewCache};
+use super::{Answer, CacheSettings, HistoryBody, ReadError, Source, ViewCache};
 use crate::coverage::{self, Coverage};
 use crate::decode::{Decoded, ViewEvent, decode_payload};
 use crate::freshness::Freshness;
@@ -310,20 +310,20 @@ impl Scene {
         tokio::time::sleep(LAG).await;
     }
 
-    async fn read(&self) -> Result<Answer, ReadError> {
-        self.views.read(THREAD, None).await
+    async fn read(&self) -> Result<Answer<HistoryBody>, ReadError> {
+        self.views.read::<HistoryBody>(THREAD, None).await
     }
 
-    fn spawn_read(&self) -> tokio::task::JoinHandle<Result<Answer, ReadError>> {
+    fn spawn_read(&self) -> tokio::task::JoinHandle<Result<Answer<HistoryBody>, ReadError>> {
         let views = self.views.clone();
-        tokio::spawn(async move { views.read(THREAD, None).await })
+        tokio::spawn(async move { views.read::<HistoryBody>(THREAD, None).await })
     }
 
     /// A cold read of a stored thread past the bound, held at `query`'s gate until the test releases it.
     async fn read_held_at(
         &self,
         query: Query,
-    ) -> tokio::task::JoinHandle<Result<Answer, ReadError>> {
+    ) -> tokio::task::JoinHandle<Result<Answer<HistoryBody>, ReadError>> {
         self.stored_turn();
         self.past_the_bound().await;
         self.store.hold(query);
@@ -337,7 +337,7 @@ impl Scene {
     async fn read_during_held_fill(
         &self,
         fails: bool,
-    ) -> tokio::task::JoinHandle<Result<Answer, ReadError>> {
+    ) -> tokio::task::JoinHandle<Result<Answer<HistoryBody>, ReadError>> {
         self.complete_thread().await;
         self.store.hold(Query::Fill);
         if fails {
@@ -373,8 +373,8 @@ async fn settle() {
     tokio::time::sleep(Duration::from_millis(1)).await;
 }
 
-fn body(answer: &Answer) -> String {
-    String::from_utf8(answer.body.to_vec()).unwrap()
+fn body(answer: &Answer<HistoryBody>) -> String {
+    String::from_utf8(answer.body.body.to_vec()).unwrap()
 }
 
 #[tokio::test(start_paused = true)]

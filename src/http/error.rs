@@ -34,6 +34,12 @@ pub enum ApiError {
     Overloaded,
     #[error("no such resource")]
     NotFound,
+    /// `after` names no item of the conversation's current items.
+    #[error("after names no item of this conversation")]
+    InvalidCursor,
+    /// A conversation of a thread without a client-visible display.
+    #[error("no conversation with this id (the thread has no client-visible display)")]
+    NoConversation,
     /// `verify` of a thread this worker does not hold in its cache.
     #[error("the thread is not in this worker's cache; nothing to verify")]
     NotCached,
@@ -58,6 +64,8 @@ impl ApiError {
             }
             ApiError::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::InvalidCursor => (StatusCode::BAD_REQUEST, "invalid_cursor"),
+            ApiError::NoConversation => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::NotCached => (StatusCode::NOT_FOUND, "thread_not_cached"),
             ApiError::OwnerUnreachable => (StatusCode::SERVICE_UNAVAILABLE, "owner_unreachable"),
         }

@@ -1,7 +1,10 @@
 //! `GET /v1/threads/{thread_id}/history`: parse the thread id and the query once, read through the view cache,
-//! answer with the body, its ETag and its source (or 304 when the caller already has it).
+//! answer with the body, its ETag and its source (or 304 when the caller already has it). The read itself (routed
+//! among partitioned workers, and waiting for a run when asked) is shared with the Conversations endpoints.
 
-use std::time::Instant;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, RawQuery, State};
@@ -11,7 +14,7 @@ use md5::{Digest, Md5};
 use serde::Deserialize;
 
 use super::{ApiError, AppState, FORWARDED_HEADER};
-use crate::cache::Answer;
+use crate::cache::{Answer, Form, HistoryBody};
 use crate::freshness;
 use crate::metrics::ReadRoute;
 use crate::project::Identity;
@@ -22,6 +25,12 @@ pub const SOURCE_HEADER: &str = "x-history-source";
 /// The response header naming the instant up to which the answer holds every event that reached NATS (RFC 3339,
 /// milliseconds, UTC).
 pub const COVERED_THROUGH_HEADER: &str = "x-history-covered-through";
+
+/// The response header naming the run a read waited for when the answer does not hold it finished.
+pub const RUN_PENDING_HEADER: &str = "x-history-run-pending";
+
+/// The longest `wait_ms`.
+pub const MAX_WAIT: Duration = Duration::from_millis(5_000);
 
 /// Longest accepted thread id, in bytes.
 pub const MAX_THREAD_ID_BYTES: usize = 256;
@@ -76,23 +85,150 @@ pub struct HistoryQuery {
     agent_id: Option<String>,
     #[serde(default)]
     canonicalize: bool,
+    wait_for_run: Option<String>,
+    wait_ms: Option<String>,
+}
+
+/// Read-your-writes: answer once `run_id` finished in the thread's answer, or after `wait`.
+#[derive(Debug)]
+pub struct RunWait {
+    run_id: String,
+    wait: Duration,
 }
 
 impl HistoryQuery {
     /// The primary identity: both parts or neither.
-    fn identity(self) -> Result<Option<Identity>, ApiError> {
-        match (self.agent_class, self.agent_id) {
+    fn identity(&self) -> Result<Option<Identity>, ApiError> {
+        match (&self.agent_class, &self.agent_id) {
             (None, None) => Ok(None),
             (Some(agent_class), Some(agent_id))
                 if !agent_class.is_empty() && !agent_id.is_empty() =>
             {
                 Ok(Some(Identity {
-                    agent_class,
-                    agent_id,
+                    agent_class: agent_class.clone(),
+                    agent_id: agent_id.clone(),
                 }))
             }
             _ => Err(ApiError::IncompleteIdentity),
         }
+    }
+
+    /// `wait_for_run` (a non-empty run id) with `wait_ms` (0 to 5000, default 5000).
+    fn run_wait(&self) -> Result<Option<RunWait>, ApiError> {
+        let invalid = |message: &str| Err(ApiError::InvalidQuery(message.into()));
+        let wait = match &self.wait_ms {
+            None => MAX_WAIT,
+            Some(ms) => match ms.parse::<u64>() {
+                Ok(ms) if ms <= MAX_WAIT.as_millis() as u64 => Duration::from_millis(ms),
+                _ => return invalid("wait_ms must be an integer from 0 to 5000"),
+            },
+        };
+        match &self.wait_for_run {
+            None if self.wait_ms.is_some() => invalid("wait_ms needs wait_for_run"),
+            None => Ok(None),
+            Some(run) if run.is_empty() => invalid("wait_for_run must not be empty"),
+            Some(run) => Ok(Some(RunWait {
+                run_id: run.clone(),
+                wait,
+            })),
+        }
+    }
+}
+
+/// Whether a request waits for a run (it names `wait_for_run`, percent-encoded or not): the in-flight limit then
+/// counts its reads, not its wait.
+pub fn waits_for_run(uri: &Uri) -> bool {
+    uri.query().unwrap_or_default().split('&').any(|pair| {
+        let name = pair.split('=').next().unwrap_or_default();
+        percent_encoding::percent_decode_str(name).decode_utf8_lossy() == "wait_for_run"
+    })
+}
+
+/// A read as the routing decided: the owner's answer passed back as it is, or this worker's answer.
+pub enum Read<F> {
+    Forwarded(Response),
+    Answered {
+        answer: Answer<F>,
+        /// The run the read waited for, when the answer does not hold it finished.
+        pending: Option<String>,
+    },
+}
+
+/// A read of `thread` for `primary` in form `F`, routed among partitioned workers: forwarded to the owner, or
+/// answered here, through the cache when this worker owns the thread and from the store otherwise (a forwarded
+/// read it does not own either, or an owner that did not answer). With `wait`, a read through the cache is
+/// repeated as the thread's view changes until the run finished or the wait ends; each repetition takes a read
+/// permit while it reads (the first one refused answers 503, a later one waits for the next change).
+pub async fn read<F: Form>(
+    state: &AppState,
+    thread: &str,
+    primary: Option<&Identity>,
+    wait: Option<&RunWait>,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<Read<F>, ApiError> {
+    let cached = match route(state, thread, headers) {
+        Route::Local => true,
+        Route::Owner(partition) => {
+            let waited = wait.map_or(Duration::ZERO, |w| w.wait);
+            match forward(state, partition, Method::GET, uri, headers, waited).await {
+                Some(response) => return Ok(Read::Forwarded(response)),
+                None => false,
+            }
+        }
+        Route::Store => false,
+    };
+    let once = async || {
+        let started = std::time::Instant::now();
+        let answer = if cached {
+            state.views.read::<F>(thread, primary).await
+        } else {
+            state.views.read_uncached::<F>(thread, primary).await
+        }
+        .map_err(|error| ApiError::from_read(error, thread))?;
+        state.metrics.read(answer.source.label(), started.elapsed());
+        Ok::<_, ApiError>(answer)
+    };
+    let Some(wait) = wait else {
+        return Ok(Read::Answered {
+            answer: once().await?,
+            pending: None,
+        });
+    };
+    let deadline = Instant::now() + wait.wait;
+    let mut last: Option<Answer<F>> = None;
+    loop {
+        match state.reads.try_acquire() {
+            Ok(_permit) => {
+                let answer = once().await?;
+                if answer.facts.run_finished(&wait.run_id) {
+                    return Ok(Read::Answered {
+                        answer,
+                        pending: None,
+                    });
+                }
+                last = Some(answer);
+            }
+            Err(_) if last.is_none() => {
+                state
+                    .metrics
+                    .http_refused(crate::metrics::HttpRefusal::InFlight);
+                return Err(ApiError::Overloaded);
+            }
+            Err(_) => {}
+        }
+        // Set: the first refused read has returned above.
+        let Some(answer) = last.take() else {
+            continue;
+        };
+        if !cached || Instant::now() >= deadline {
+            return Ok(Read::Answered {
+                answer,
+                pending: Some(wait.run_id.clone()),
+            });
+        }
+        state.views.changed(thread, answer.version, deadline).await;
+        last = Some(answer);
     }
 }
 
@@ -104,23 +240,17 @@ pub async fn get_history(
     uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
     let (thread_id, query) = thread_and_query(path, raw_query, query)?;
     let primary = query.identity()?;
+    let wait = query.run_wait()?;
     let thread = thread_id.as_str();
-    let answer = match route(&state, thread, &headers) {
-        Route::Local => state.views.read(thread, primary.as_ref()).await,
-        Route::Owner(partition) => {
-            match forward(&state, partition, Method::GET, &uri, &headers).await {
-                Some(response) => return Ok(response),
-                None => state.views.read_uncached(thread, primary.as_ref()).await,
-            }
+    match read::<HistoryBody>(&state, thread, primary.as_ref(), wait.as_ref(), &uri, &headers).await? {
+        Read::Forwarded(response) => Ok(response),
+        Read::Answered { answer, pending } => {
+            let body = answer.body.body.clone();
+            Ok(respond(&answer, &answer.body.etag, body, pending, &headers))
         }
-        Route::Store => state.views.read_uncached(thread, primary.as_ref()).await,
     }
-    .map_err(|error| ApiError::from_read(error, thread))?;
-    state.metrics.read(answer.source.label(), started.elapsed());
-    Ok(respond(answer, &headers))
 }
 
 /// `POST /v1/threads/{thread_id}/verify`: the shadow comparison now, against the view of the thread's worker (this
@@ -138,7 +268,7 @@ pub async fn verify(
     match route(&state, thread, &headers) {
         Route::Local => {}
         Route::Owner(partition) => {
-            return forward(&state, partition, Method::POST, &uri, &headers)
+            return forward(&state, partition, Method::POST, &uri, &headers, Duration::ZERO)
                 .await
                 .ok_or(ApiError::OwnerUnreachable);
         }
@@ -154,7 +284,7 @@ pub async fn verify(
 
 /// The thread id by the path rules (canonical with `canonicalize=true`) and the query, checked as every thread
 /// endpoint checks them.
-fn thread_and_query(
+pub fn thread_and_query(
     path: Result<Path<String>, PathRejection>,
     raw_query: Option<String>,
     query: Result<Query<HistoryQuery>, QueryRejection>,
@@ -204,9 +334,10 @@ async fn forward(
     method: Method,
     uri: &Uri,
     headers: &HeaderMap,
+    waited: Duration,
 ) -> Option<Response> {
     let peers = state.peers.as_ref()?;
-    match peers.forward(partition, method, uri, headers).await {
+    match peers.forward(partition, method, uri, headers, waited).await {
         Ok(response) => {
             state.metrics.read_route(ReadRoute::Forwarded);
             Some(response)
@@ -248,8 +379,16 @@ fn matches_etag(headers: &HeaderMap, etag: &str) -> bool {
         .any(|tag| tag == "*" || tag == etag)
 }
 
-fn respond(answer: Answer, request_headers: &HeaderMap) -> Response {
-    let not_modified = matches_etag(request_headers, &answer.etag);
+/// The answer to a read: `body` (a form of `answer`) with `etag`, or 304 when the caller already has it; where it
+/// came from, up to when it is covered, and the run it waited for in vain.
+pub fn respond<F>(
+    answer: &Answer<F>,
+    etag: &str,
+    body: axum::body::Bytes,
+    pending: Option<String>,
+    request_headers: &HeaderMap,
+) -> Response {
+    let not_modified = matches_etag(request_headers, etag);
     let mut response = if not_modified {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -258,12 +397,12 @@ fn respond(answer: Answer, request_headers: &HeaderMap) -> Response {
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             )],
-            answer.body,
+            body,
         )
             .into_response()
     };
     let headers = response.headers_mut();
-    if let Ok(etag) = HeaderValue::from_str(&answer.etag) {
+    if let Ok(etag) = HeaderValue::from_str(etag) {
         headers.insert(header::ETAG, etag);
     }
     headers.insert(
@@ -275,6 +414,11 @@ fn respond(answer: Answer, request_headers: &HeaderMap) -> Response {
         && let Ok(value) = HeaderValue::from_str(&freshness::rfc3339_millis(at))
     {
         headers.insert(COVERED_THROUGH_HEADER, value);
+    }
+    if let Some(run) = pending
+        && let Ok(value) = HeaderValue::from_str(&run)
+    {
+        headers.insert(RUN_PENDING_HEADER, value);
     }
     response
 }

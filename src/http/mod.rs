@@ -1,6 +1,7 @@
 //! The HTTP API ([design section 3](../../docs/design.md#3)): `router(state)` and the shared `AppState`. Handlers are
 //! thin: extract, call one function, map the result.
 
+mod conversations;
 mod error;
 mod history;
 mod operations;
@@ -41,6 +42,9 @@ pub struct AppState {
     pub openapi: Bytes,
     /// One permit per history read answered at once (`HISTORY_VIEW_HTTP_MAX_IN_FLIGHT`).
     pub reads: Arc<Semaphore>,
+    /// One permit per read waiting for a run (`HISTORY_VIEW_HTTP_MAX_WAITING`); such a read takes a `reads` permit
+    /// only while it reads, never while it waits.
+    pub waiting: Arc<Semaphore>,
     /// Partitioned workers: the owner of each thread and how to reach it; `None` with one partition.
     pub peers: Option<Peers>,
 }
@@ -65,6 +69,14 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
         .route(
             "/v1/threads/{thread_id}/verify",
             axum::routing::post(history::verify),
+        )
+        .route(
+            "/v1/conversations/{thread_id}",
+            get(conversations::get_conversation),
+        )
+        .route(
+            "/v1/conversations/{thread_id}/items",
+            get(conversations::list_items),
         )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -123,12 +135,20 @@ async fn count_errors(State(state): State<AppState>, request: Request, next: Nex
 }
 
 /// Answers 503 at once when `HISTORY_VIEW_HTTP_MAX_IN_FLIGHT` reads are being answered (a queue would only make
-/// every reader late).
+/// every reader late). A read waiting for a run takes one of `HISTORY_VIEW_HTTP_MAX_WAITING` instead, and a read
+/// permit only for each of its reads ([`history::waits_for_run`]).
 async fn limit_in_flight(
     State(state): State<AppState>,
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
+    if history::waits_for_run(request.uri()) {
+        let Ok(_waiting) = state.waiting.try_acquire() else {
+            state.metrics.http_refused(HttpRefusal::Waiting);
+            return Err(ApiError::Overloaded);
+        };
+        return Ok(next.run(request).await);
+    }
     let Ok(_permit) = state.reads.try_acquire() else {
         state.metrics.http_refused(HttpRefusal::InFlight);
         return Err(ApiError::Overloaded);

@@ -78,7 +78,8 @@ impl Peers {
     }
 
     /// Forwards the request `method` `uri` (path and query as the caller sent them, no body) to the worker of
-    /// `partition`, and returns its answer, whatever its status.
+    /// `partition`, and returns its answer, whatever its status. The owner may take the store timeout and `waited`
+    /// (a read waiting for a run).
     ///
     /// # Errors
     /// [`ForwardError`] when no answer came in time.
@@ -88,6 +89,7 @@ impl Peers {
         method: Method,
         uri: &Uri,
         headers: &HeaderMap,
+        waited: Duration,
     ) -> Result<Response<Body>, ForwardError> {
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let target = format!(
@@ -122,8 +124,9 @@ impl Peers {
             }
             Ok(Response::from_parts(parts, Body::from(body)))
         };
-        tokio::time::timeout(self.timeout, exchange)
+        let timeout = self.timeout + waited;
+        tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| ForwardError::Timeout(self.timeout))?
+            .map_err(|_| ForwardError::Timeout(timeout))?
     }
 }

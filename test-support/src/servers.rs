@@ -246,6 +246,11 @@ impl PrometheusServer {
     }
 }
 
+/// The tools venv's Python, which has the official client SDKs (`openai`, `httpx-sse`) the tests drive the API with.
+pub fn python() -> PathBuf {
+    tool("CHV_PYTHON", "python")
+}
+
 /// promtool, from the same package as Prometheus.
 pub fn promtool() -> PathBuf {
     tool("PROMTOOL_BIN", "promtool")

@@ -39,6 +39,21 @@ pub struct ExpectedWarning {
 }
 
 impl Case {
+    /// The case moved to `thread`, so that cases can share one store or stream: rows of the case's thread move to
+    /// it, rows of its other threads to threads of their own beside it.
+    pub fn on_thread(mut self, thread: String) -> Self {
+        for row in &mut self.rows {
+            let original = row["thread_id"].as_str().unwrap_or_default().to_owned();
+            row["thread_id"] = Value::String(if original == self.thread_id {
+                thread.clone()
+            } else {
+                format!("{thread}-{original}")
+            });
+        }
+        self.thread_id = thread;
+        self
+    }
+
     pub fn identity(&self) -> Option<Identity> {
         self.primary.as_ref().map(|p| Identity {
             agent_class: p.agent_class.clone(),

@@ -1,13 +1,14 @@
 //! Every conformance case through the paths it names, end to end: `store` (rows in a fresh database, the binary
 //! as a separate process with a cold cache, read over HTTP) and `live` (rows published on a real nats-server,
-//! nothing in the store, read over HTTP once consumed).
+//! nothing in the store, read over HTTP once consumed). Each is also read as Conversations items, paged in both
+//! orders (the `items` read path of each).
 
 use std::sync::Arc;
 
 use futures_util::StreamExt;
 
 use crate::cases::{self, Case};
-use crate::helpers::{BinaryApp, Reply, TestStore, encode, publish_rows, unique};
+use crate::helpers::{Api, BinaryApp, Reply, TestStore, encode, publish_rows, unique};
 use test_support::servers::{MongoServer, NatsServer};
 
 /// How many cases run at once (each has its own binary process).
@@ -22,6 +23,27 @@ pub fn query(case: &Case) -> String {
         ),
         None => String::new(),
     }
+}
+
+/// The case's expected history, paged as Conversations items through `api` (tail-first by two, and from the head
+/// by three), as the `items` path of `path`.
+pub async fn check_items(case: &Case, path: &str, api: &Api) -> Option<String> {
+    for (order, limit) in [("desc", 2), ("asc", 3)] {
+        match api
+            .items_as_messages(&case.thread_id, &query(case), order, limit)
+            .await
+        {
+            Ok(messages) if messages == case.expected.messages => {}
+            Ok(messages) => {
+                return Some(format!(
+                    "{} [{path} items {order} {limit}]:\n  expected {}\n  actual   {}",
+                    case.name, case.expected.messages, messages
+                ));
+            }
+            Err(error) => return Some(format!("{} [{path} items]: {error}", case.name)),
+        }
+    }
+    None
 }
 
 pub fn check(case: &Case, path: &str, reply: &Reply) -> Option<String> {
@@ -85,6 +107,9 @@ async fn every_store_case_passes_end_to_end() {
             if let Some(failure) = check(&case, "store", &reply) {
                 return Some(failure);
             }
+            if let Some(failure) = check_items(&case, "store", &app.api).await {
+                return Some(failure);
+            }
             (reply.source() != Some("store"))
                 .then(|| format!("{}: a cold read must come from the store", case.name))
         }
@@ -144,5 +169,8 @@ where
         .count();
     app.api.wait_for_events(expected as u64).await;
     let reply = app.api.history(&case.thread_id, &query(&case)).await;
-    check(&case, path, &reply)
+    match check(&case, path, &reply) {
+        Some(failure) => Some(failure),
+        None => check_items(&case, path, &app.api).await,
+    }
 }

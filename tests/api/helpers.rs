@@ -150,6 +150,33 @@ impl TestStore {
 
 pub use test_support::rows::publish as publish_rows;
 
+/// A Conversations item as the history message it renders: `input_text`/`output_text` as `text`, `input_image` as
+/// `image_url`, an audio `input_file` (a `data:audio/<format>;base64,` URL) as `input_audio`.
+pub fn item_to_message(item: &Value) -> Value {
+    let content: Vec<Value> = item["content"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|part| match part["type"].as_str().unwrap_or_default() {
+            "input_text" | "output_text" => serde_json::json!({"type": "text", "text": part["text"]}),
+            "input_image" => {
+                serde_json::json!({"type": "image_url", "image_url": {"url": part["image_url"]}})
+            }
+            "input_file" => {
+                let data = part["file_data"].as_str().unwrap_or_default();
+                let (format, data) = data
+                    .strip_prefix("data:audio/")
+                    .and_then(|rest| rest.split_once(";base64,"))
+                    .unwrap_or(("?", data));
+                serde_json::json!({"type": "input_audio", "input_audio": {"data": data, "format": format}})
+            }
+            other => serde_json::json!({"type": format!("unexpected {other}")}),
+        })
+        .collect();
+    serde_json::json!({"role": item["role"], "content": content})
+}
+
 /// A parsed HTTP response.
 #[derive(Debug)]
 pub struct Reply {
@@ -222,6 +249,54 @@ impl Api {
     pub async fn history(&self, thread: &str, query: &str) -> Reply {
         let path = format!("/v1/threads/{}/history?{query}", encode(thread));
         self.get(&path, &[]).await
+    }
+
+    /// `GET /v1/conversations/{thread}/items` with the given query string (without `?`).
+    pub async fn items(&self, thread: &str, query: &str) -> Reply {
+        let path = format!("/v1/conversations/{}/items?{query}", encode(thread));
+        self.get(&path, &[]).await
+    }
+
+    /// Every item of `thread`'s conversation, paging by `limit` in `order` (`asc` or `desc`) with `after` as a
+    /// client does, turned back into history messages in history order; `extra` is added to every page's query.
+    /// An error names the page that was not a 200 or broke the list shape.
+    pub async fn items_as_messages(
+        &self,
+        thread: &str,
+        extra: &str,
+        order: &str,
+        limit: usize,
+    ) -> Result<Value, String> {
+        let mut items = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..10_000 {
+            let mut query = format!("order={order}&limit={limit}&{extra}");
+            if let Some(after) = &after {
+                query.push_str(&format!("&after={after}"));
+            }
+            let page = self.items(thread, &query).await;
+            if page.status != 200 {
+                return Err(format!("items?{query}: {} {}", page.status, page.body));
+            }
+            let page = page.json();
+            let data = page["data"].as_array().cloned().unwrap_or_default();
+            if page["object"] != "list" || data.len() > limit {
+                return Err(format!("items?{query}: not a page of at most {limit}: {page}"));
+            }
+            let (first, last) = (data.first().map(|i| &i["id"]), data.last().map(|i| &i["id"]));
+            if first.unwrap_or(&Value::Null) != &page["first_id"] || last.unwrap_or(&Value::Null) != &page["last_id"] {
+                return Err(format!("items?{query}: first_id/last_id do not name the page's ends: {page}"));
+            }
+            items.extend(data);
+            if page["has_more"] != true {
+                if order == "desc" {
+                    items.reverse();
+                }
+                return Ok(Value::Array(items.iter().map(item_to_message).collect()));
+            }
+            after = page["last_id"].as_str().map(str::to_owned);
+        }
+        Err("more than 10,000 pages".into())
     }
 
     /// Waits until `/readyz` answers 200 (`ready`) or 503 (not `ready`).

@@ -57,3 +57,7 @@ mod partitioned;
 // What operators install: a real Prometheus scraping workers, the dashboard's and alerts' expressions, promtool,
 // replicas answering alike.
 mod monitoring;
+// The Conversations items and conversation, and reads waiting for a run (read-your-writes).
+mod conversations;
+// The Conversations endpoints through the official OpenAI Python SDK.
+mod sdk;

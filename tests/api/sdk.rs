@@ -1,0 +1,155 @@
+//! The Conversations endpoints through the official OpenAI Python SDK (`tests/sdk/conversations.py`, `openai` as
+//! pinned in `scripts/services.sh`, strict response validation on): every store conformance case and random
+//! threads, listed with the SDK's auto-pagination in both orders and several limits, read as exactly the history's
+//! messages, with the same text and parts; and `conversations.retrieve`.
+
+use std::collections::HashSet;
+
+use chat_history_view::project::project;
+use serde_json::{Value, json};
+use test_support::process::temp_dir;
+use test_support::servers::{MongoServer, NatsServer, python};
+
+use crate::cases;
+use crate::helpers::{BinaryApp, TestStore, item_to_message, unique};
+use crate::projector::decode_rows;
+use crate::threads;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_pages_every_thread_as_the_history() {
+    let mongo = MongoServer::start();
+    let nats = NatsServer::start();
+    let database = unique("sdk");
+    let store = TestStore::connect(&mongo.uri(), &database).await;
+    store.create_aihub_indexes().await;
+    let cases: Vec<cases::Case> = cases::load("store")
+        .into_iter()
+        .enumerate()
+        .map(|(i, case)| case.on_thread(format!("sdk-case-{i}")))
+        .collect();
+    let generated = threads::generated("sdk-random", 20);
+    let mut rows: Vec<Value> = cases.iter().flat_map(|c| c.rows.clone()).collect();
+    rows.extend(generated.iter().flat_map(|(_, t)| t.rows.clone()));
+    store.insert_rows(&rows).await;
+    let app = BinaryApp::start(&[
+        ("HISTORY_VIEW_NATS_URL", nats.url()),
+        ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+        ("HISTORY_VIEW_MONGODB_DATABASE", database),
+    ])
+    .await;
+    app.wait_ready().await;
+
+    // Each thread with its read's identity, and what the projector says of it (its rows in store order).
+    let mut threads: Vec<(String, Value, Vec<Value>)> = cases
+        .iter()
+        .map(|case| {
+            let query = match &case.primary {
+                Some(p) => json!({"agent_class": p.agent_class, "agent_id": p.agent_id}),
+                None => json!({}),
+            };
+            let own: Vec<Value> = rows_of(&case.rows, &case.thread_id);
+            (case.thread_id.clone(), query, own)
+        })
+        .collect();
+    threads.extend(
+        generated
+            .iter()
+            .map(|(id, thread)| (id.clone(), json!({}), thread.rows.clone())),
+    );
+    threads.push(("sdk-no-such-thread".into(), json!({}), Vec::new()));
+    let listed: Vec<Value> = threads
+        .iter()
+        .map(|(thread, query, _)| json!({"thread": thread, "query": query}))
+        .collect();
+    let dir = temp_dir("sdk");
+    let input = dir.join("threads.json");
+    std::fs::write(&input, serde_json::to_vec(&listed).unwrap()).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/conversations.py");
+    let base_url = format!("{}/v1", app.api.address);
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python())
+            .arg(script)
+            .arg(base_url)
+            .arg(input)
+            .output()
+            .expect("the tools' python runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "the SDK script failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).expect("the script's JSON report");
+
+    let mut failures = Vec::new();
+    let mut paged = 0;
+    for (thread, query, own) in &threads {
+        let query_string = query
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+            .collect::<Vec<_>>()
+            .join("&");
+        let expected = app.api.history(thread, &query_string).await.json()["messages"].clone();
+        let read = &report[thread.as_str()];
+        let lists = read["lists"].as_object().expect("lists");
+        let mut ids_seen: Option<Vec<Value>> = None;
+        for (walk, items) in lists {
+            let mut items = items.as_array().unwrap().clone();
+            if walk.starts_with("desc") || walk.starts_with("default") {
+                items.reverse();
+            }
+            let messages = Value::Array(items.iter().map(item_to_message).collect());
+            if messages != expected {
+                failures.push(format!(
+                    "{thread} {walk}:\n  expected {expected}\n  actual   {messages}"
+                ));
+            }
+            let ids: Vec<Value> = items.iter().map(|i| i["id"].clone()).collect();
+            let unique: HashSet<String> = ids.iter().map(Value::to_string).collect();
+            if unique.len() != ids.len() {
+                failures.push(format!("{thread} {walk}: item ids repeat: {ids:?}"));
+            }
+            match &ids_seen {
+                Some(seen) if seen != &ids => {
+                    failures.push(format!("{thread} {walk}: other ids than another walk"))
+                }
+                _ => ids_seen = Some(ids),
+            }
+            paged += 1;
+        }
+        // The conversation exists when a display is visible; it began with the first visible event.
+        let identity = query.as_object().unwrap().get("agent_class").map(|_| chat_history_view::project::Identity {
+            agent_class: query["agent_class"].as_str().unwrap().to_owned(),
+            agent_id: query["agent_id"].as_str().unwrap().to_owned(),
+        });
+        let projection = project(&decode_rows(own), identity.as_ref());
+        let conversation = &read["conversation"];
+        let wanted = if projection.visible {
+            json!({
+                "id": thread,
+                "object": "conversation",
+                "created_at": projection.first_visible_at.map_or(0, |ns| ns.div_euclid(1_000_000_000)),
+                "metadata": {},
+            })
+        } else {
+            json!({"error": 404})
+        };
+        if conversation != &wanted {
+            failures.push(format!("{thread} conversation: expected {wanted}, got {conversation}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    println!("{} threads, {paged} SDK walks", threads.len());
+}
+
+/// The rows of `thread` among `rows` (a case's other threads' rows stay out), in store order.
+fn rows_of(rows: &[Value], thread: &str) -> Vec<Value> {
+    rows.iter()
+        .filter(|row| row["thread_id"] == thread)
+        .cloned()
+        .collect()
+}
