@@ -200,8 +200,8 @@ pub struct Config {
     #[arg(long, env = "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT", default_value = "256", value_parser = parse_connections)]
     pub http_max_in_flight: usize,
 
-    /// Reads waiting for a run (`wait_for_run`) at once; they hold no in-flight permit while they wait, and one beyond
-    /// it answers 503 overloaded at once.
+    /// Reads waiting for a run (`wait_for_run`) at once; they take no in-flight permit (this bounds them instead), and
+    /// one beyond it answers 503 overloaded at once.
     #[arg(long, env = "HISTORY_VIEW_HTTP_MAX_WAITING", default_value = "1024", value_parser = parse_connections)]
     pub http_max_waiting: usize,
 

@@ -259,6 +259,7 @@ struct Inner {
     store_errors: IntCounterVec,
     persister_lag_out_of_range: IntCounterVec,
     cache_budget_bytes: IntGauge,
+    waiting_reads: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -585,6 +586,13 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            waiting_reads: register(&registry, &mut described,
+                IntGauge::new(
+                    "history_view_http_waiting_reads",
+                    "Reads waiting for a run (wait_for_run) now, of at most HISTORY_VIEW_HTTP_MAX_WAITING",
+                )
+                .expect("valid metric"),
+            ),
             registry,
             described,
         };
@@ -702,6 +710,11 @@ impl Metrics {
     /// A store query or ping failed; `kind` is the store's `StoreError::kind`.
     pub fn store_error(&self, kind: &'static str) {
         self.inner.store_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// A read waiting for a run began (`1`) or ended (`-1`).
+    pub fn waiting_reads(&self, change: i64) {
+        self.inner.waiting_reads.add(change);
     }
 
     pub fn cache_budget(&self, bytes: u64) {
@@ -1014,7 +1027,7 @@ mod tests {
     /// Dashboards and alerts name these metrics and labels: a rename here is a breaking change for operators.
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 39] = [
+        let pinned: [(&str, &[&str]); 40] = [
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
             ("history_view_cache_hits_total", &[]),
@@ -1054,6 +1067,7 @@ mod tests {
             ("history_view_store_errors_total", &["kind"]),
             ("history_view_persister_lag_out_of_range_total", &["side"]),
             ("history_view_cache_budget_bytes", &[]),
+            ("history_view_http_waiting_reads", &[]),
         ];
         let metrics = Metrics::new();
         let described: Vec<(&str, Vec<&str>)> = metrics

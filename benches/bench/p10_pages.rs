@@ -125,7 +125,8 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
         return vec![Row::failed("P10", "no round ran")];
     };
     let latency = ratio(&page, &history);
-    let cpu = page.cpu_per_request().as_secs_f64() / history.cpu_per_request().as_secs_f64().max(1e-9);
+    let cpu =
+        page.cpu_per_request().as_secs_f64() / history.cpu_per_request().as_secs_f64().max(1e-9);
     vec![
         Row::check(
             "P10",

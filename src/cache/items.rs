@@ -97,7 +97,12 @@ impl Items {
     ///
     /// # Errors
     /// [`InvalidCursor`] when `after` names no item of this history.
-    pub fn page(&self, order: Order, after: Option<&str>, limit: usize) -> Result<Bytes, InvalidCursor> {
+    pub fn page(
+        &self,
+        order: Order,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Bytes, InvalidCursor> {
         let len = self.len();
         // Positions in `order`: 0 is the first item of the page sequence.
         let start = match after {
@@ -144,7 +149,11 @@ impl Items {
 
     /// The byte range of item `at` in `json`.
     fn item(&self, at: usize) -> std::ops::Range<usize> {
-        let start = if at == 0 { 0 } else { self.ends[at - 1] as usize };
+        let start = if at == 0 {
+            0
+        } else {
+            self.ends[at - 1] as usize
+        };
         start..self.ends[at] as usize
     }
 
@@ -163,7 +172,6 @@ impl Items {
         }
     }
 }
-
 
 /// The digest bytes of an item id, if `text` is one (`msg_` and 32 lowercase hex digits).
 fn parse_id(text: &str) -> Option<ItemId> {
@@ -289,7 +297,12 @@ mod tests {
         let mut events = Vec::new();
         for i in 0..7 {
             events.push(user("d", &format!("u{i}"), i * 10, &format!("q{i}")));
-            events.push(chunk(&format!("r{i}"), &format!("c{i}"), i * 10 + 1, &format!("a{i}")));
+            events.push(chunk(
+                &format!("r{i}"),
+                &format!("c{i}"),
+                i * 10 + 1,
+                &format!("a{i}"),
+            ));
         }
         let items = Items::new(&project(&events, None));
         assert_eq!(items.len(), 14);
@@ -352,8 +365,18 @@ mod tests {
     #[test]
     fn an_after_naming_no_item_is_an_invalid_cursor_and_an_empty_history_pages_empty() {
         let items = Items::new(&project(&[user("d", "u1", 1, "q")], None));
-        for bad in ["", "msg_", "msg_zz", "msg_00000000000000000000000000000000", "x"] {
-            assert_eq!(items.page(Order::Desc, Some(bad), 20), Err(InvalidCursor), "{bad}");
+        for bad in [
+            "",
+            "msg_",
+            "msg_zz",
+            "msg_00000000000000000000000000000000",
+            "x",
+        ] {
+            assert_eq!(
+                items.page(Order::Desc, Some(bad), 20),
+                Err(InvalidCursor),
+                "{bad}"
+            );
         }
         let empty = Items::new(&project(&[], None));
         assert!(empty.is_empty());

@@ -111,7 +111,8 @@ pub struct Forms {
 
 impl Forms {
     fn bytes(&self) -> usize {
-        self.history.as_ref().map_or(0, |h| h.bytes()) + self.items.as_ref().map_or(0, |i| i.bytes())
+        self.history.as_ref().map_or(0, |h| h.bytes())
+            + self.items.as_ref().map_or(0, |i| i.bytes())
     }
 }
 
@@ -283,4 +284,3 @@ fn log_new_warnings(warned: &mut HashSet<u64>, projection: &Projection) -> usize
     }
     logged
 }
-

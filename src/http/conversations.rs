@@ -44,9 +44,7 @@ impl PageQuery {
             None => Ok(Order::default()),
             Some("asc") => Ok(Order::Asc),
             Some("desc") => Ok(Order::Desc),
-            Some(_) => Err(ApiError::InvalidQuery(
-                "order must be asc or desc".into(),
-            )),
+            Some(_) => Err(ApiError::InvalidQuery("order must be asc or desc".into())),
         }
     }
 }
@@ -67,7 +65,16 @@ pub async fn list_items(
     let primary = query.identity()?;
     let wait = query.run_wait()?;
     let thread = thread_id.as_str();
-    match read::<Items>(&state, thread, primary.as_ref(), wait.as_ref(), &uri, &headers).await? {
+    match read::<Items>(
+        &state,
+        thread,
+        primary.as_ref(),
+        wait.as_ref(),
+        &uri,
+        &headers,
+    )
+    .await?
+    {
         Read::Forwarded(response) => Ok(response),
         Read::Answered { answer, pending } => {
             let body = answer

@@ -14,7 +14,7 @@ use md5::{Digest, Md5};
 use serde::Deserialize;
 
 use super::{ApiError, AppState, FORWARDED_HEADER};
-use crate::cache::{Answer, Form, HistoryBody};
+use crate::cache::{Answer, Form, HistoryBody, Source};
 use crate::freshness;
 use crate::metrics::ReadRoute;
 use crate::project::Identity;
@@ -28,6 +28,10 @@ pub const COVERED_THROUGH_HEADER: &str = "x-history-covered-through";
 
 /// The response header naming the run a read waited for when the answer does not hold it finished.
 pub const RUN_PENDING_HEADER: &str = "x-history-run-pending";
+
+/// The shortest interval between two reads of a read waiting for a run when the last one was answered from the
+/// store (the view was partial, so the next read hydrates again).
+pub const STORE_REREAD_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The longest `wait_ms`.
 pub const MAX_WAIT: Duration = Duration::from_millis(5_000);
@@ -98,7 +102,7 @@ pub struct RunWait {
 
 impl HistoryQuery {
     /// The primary identity: both parts or neither.
-    fn identity(&self) -> Result<Option<Identity>, ApiError> {
+    pub fn identity(&self) -> Result<Option<Identity>, ApiError> {
         match (&self.agent_class, &self.agent_id) {
             (None, None) => Ok(None),
             (Some(agent_class), Some(agent_id))
@@ -114,7 +118,7 @@ impl HistoryQuery {
     }
 
     /// `wait_for_run` (a non-empty run id) with `wait_ms` (0 to 5000, default 5000).
-    fn run_wait(&self) -> Result<Option<RunWait>, ApiError> {
+    pub fn run_wait(&self) -> Result<Option<RunWait>, ApiError> {
         let invalid = |message: &str| Err(ApiError::InvalidQuery(message.into()));
         let wait = match &self.wait_ms {
             None => MAX_WAIT,
@@ -135,8 +139,8 @@ impl HistoryQuery {
     }
 }
 
-/// Whether a request waits for a run (it names `wait_for_run`, percent-encoded or not): the in-flight limit then
-/// counts its reads, not its wait.
+/// Whether a request waits for a run (it names `wait_for_run`, percent-encoded or not): such a request takes a
+/// `HISTORY_VIEW_HTTP_MAX_WAITING` permit instead of an in-flight one.
 pub fn waits_for_run(uri: &Uri) -> bool {
     uri.query().unwrap_or_default().split('&').any(|pair| {
         let name = pair.split('=').next().unwrap_or_default();
@@ -157,8 +161,8 @@ pub enum Read<F> {
 /// A read of `thread` for `primary` in form `F`, routed among partitioned workers: forwarded to the owner, or
 /// answered here, through the cache when this worker owns the thread and from the store otherwise (a forwarded
 /// read it does not own either, or an owner that did not answer). With `wait`, a read through the cache is
-/// repeated as the thread's view changes until the run finished or the wait ends; each repetition takes a read
-/// permit while it reads (the first one refused answers 503, a later one waits for the next change).
+/// repeated as the thread's view changes until the run finished or the wait ends (after an answer from the store,
+/// at most every [`STORE_REREAD_INTERVAL`], so a partial view's waiters do not hydrate on every live event).
 pub async fn read<F: Form>(
     state: &AppState,
     thread: &str,
@@ -196,39 +200,25 @@ pub async fn read<F: Form>(
         });
     };
     let deadline = Instant::now() + wait.wait;
-    let mut last: Option<Answer<F>> = None;
     loop {
-        match state.reads.try_acquire() {
-            Ok(_permit) => {
-                let answer = once().await?;
-                if answer.facts.run_finished(&wait.run_id) {
-                    return Ok(Read::Answered {
-                        answer,
-                        pending: None,
-                    });
-                }
-                last = Some(answer);
-            }
-            Err(_) if last.is_none() => {
-                state
-                    .metrics
-                    .http_refused(crate::metrics::HttpRefusal::InFlight);
-                return Err(ApiError::Overloaded);
-            }
-            Err(_) => {}
+        let answer = once().await?;
+        if answer.facts.run_finished(&wait.run_id) {
+            return Ok(Read::Answered {
+                answer,
+                pending: None,
+            });
         }
-        // Set: the first refused read has returned above.
-        let Some(answer) = last.take() else {
-            continue;
-        };
         if !cached || Instant::now() >= deadline {
             return Ok(Read::Answered {
                 answer,
                 pending: Some(wait.run_id.clone()),
             });
         }
+        let read_at = Instant::now();
         state.views.changed(thread, answer.version, deadline).await;
-        last = Some(answer);
+        if answer.source == Source::Store {
+            tokio::time::sleep_until(deadline.min(read_at + STORE_REREAD_INTERVAL)).await;
+        }
     }
 }
 
@@ -244,7 +234,16 @@ pub async fn get_history(
     let primary = query.identity()?;
     let wait = query.run_wait()?;
     let thread = thread_id.as_str();
-    match read::<HistoryBody>(&state, thread, primary.as_ref(), wait.as_ref(), &uri, &headers).await? {
+    match read::<HistoryBody>(
+        &state,
+        thread,
+        primary.as_ref(),
+        wait.as_ref(),
+        &uri,
+        &headers,
+    )
+    .await?
+    {
         Read::Forwarded(response) => Ok(response),
         Read::Answered { answer, pending } => {
             let body = answer.body.body.clone();
@@ -268,9 +267,16 @@ pub async fn verify(
     match route(&state, thread, &headers) {
         Route::Local => {}
         Route::Owner(partition) => {
-            return forward(&state, partition, Method::POST, &uri, &headers, Duration::ZERO)
-                .await
-                .ok_or(ApiError::OwnerUnreachable);
+            return forward(
+                &state,
+                partition,
+                Method::POST,
+                &uri,
+                &headers,
+                Duration::ZERO,
+            )
+            .await
+            .ok_or(ApiError::OwnerUnreachable);
         }
         // A forwarded request for a thread this worker does not own either: it holds no view of it.
         Route::Store => return Err(ApiError::NotCached),

@@ -42,8 +42,7 @@ pub struct AppState {
     pub openapi: Bytes,
     /// One permit per history read answered at once (`HISTORY_VIEW_HTTP_MAX_IN_FLIGHT`).
     pub reads: Arc<Semaphore>,
-    /// One permit per read waiting for a run (`HISTORY_VIEW_HTTP_MAX_WAITING`); such a read takes a `reads` permit
-    /// only while it reads, never while it waits.
+    /// One permit per read waiting for a run (`HISTORY_VIEW_HTTP_MAX_WAITING`); such a read takes no `reads` permit.
     pub waiting: Arc<Semaphore>,
     /// Partitioned workers: the owner of each thread and how to reach it; `None` with one partition.
     pub peers: Option<Peers>,
@@ -135,8 +134,8 @@ async fn count_errors(State(state): State<AppState>, request: Request, next: Nex
 }
 
 /// Answers 503 at once when `HISTORY_VIEW_HTTP_MAX_IN_FLIGHT` reads are being answered (a queue would only make
-/// every reader late). A read waiting for a run takes one of `HISTORY_VIEW_HTTP_MAX_WAITING` instead, and a read
-/// permit only for each of its reads ([`history::waits_for_run`]).
+/// every reader late). A read waiting for a run takes one of `HISTORY_VIEW_HTTP_MAX_WAITING` instead, for its
+/// reads and its wait ([`history::waits_for_run`]), so waiters never turn other reads into 503s.
 async fn limit_in_flight(
     State(state): State<AppState>,
     request: Request,
@@ -147,6 +146,7 @@ async fn limit_in_flight(
             state.metrics.http_refused(HttpRefusal::Waiting);
             return Err(ApiError::Overloaded);
         };
+        let _counted = WaitingRead::new(&state.metrics);
         return Ok(next.run(request).await);
     }
     let Ok(_permit) = state.reads.try_acquire() else {
@@ -154,6 +154,23 @@ async fn limit_in_flight(
         return Err(ApiError::Overloaded);
     };
     Ok(next.run(request).await)
+}
+
+/// A read waiting for a run, counted in `history_view_http_waiting_reads` until it is dropped (however the request
+/// ends: a client that goes away drops it too).
+struct WaitingRead<'a>(&'a Metrics);
+
+impl<'a> WaitingRead<'a> {
+    fn new(metrics: &'a Metrics) -> Self {
+        metrics.waiting_reads(1);
+        Self(metrics)
+    }
+}
+
+impl Drop for WaitingRead<'_> {
+    fn drop(&mut self) {
+        self.0.waiting_reads(-1);
+    }
 }
 
 /// The configured API token, kept only as its SHA-256 digest: a presented token is hashed and the digests are

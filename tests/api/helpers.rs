@@ -281,11 +281,20 @@ impl Api {
             let page = page.json();
             let data = page["data"].as_array().cloned().unwrap_or_default();
             if page["object"] != "list" || data.len() > limit {
-                return Err(format!("items?{query}: not a page of at most {limit}: {page}"));
+                return Err(format!(
+                    "items?{query}: not a page of at most {limit}: {page}"
+                ));
             }
-            let (first, last) = (data.first().map(|i| &i["id"]), data.last().map(|i| &i["id"]));
-            if first.unwrap_or(&Value::Null) != &page["first_id"] || last.unwrap_or(&Value::Null) != &page["last_id"] {
-                return Err(format!("items?{query}: first_id/last_id do not name the page's ends: {page}"));
+            let (first, last) = (
+                data.first().map(|i| &i["id"]),
+                data.last().map(|i| &i["id"]),
+            );
+            if first.unwrap_or(&Value::Null) != &page["first_id"]
+                || last.unwrap_or(&Value::Null) != &page["last_id"]
+            {
+                return Err(format!(
+                    "items?{query}: first_id/last_id do not name the page's ends: {page}"
+                ));
             }
             items.extend(data);
             if page["has_more"] != true {

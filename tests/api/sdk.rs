@@ -122,9 +122,11 @@ async fn the_official_openai_sdk_pages_every_thread_as_the_history() {
             paged += 1;
         }
         // The conversation exists when a display is visible; it began with the first visible event.
-        let identity = query.as_object().unwrap().get("agent_class").map(|_| chat_history_view::project::Identity {
-            agent_class: query["agent_class"].as_str().unwrap().to_owned(),
-            agent_id: query["agent_id"].as_str().unwrap().to_owned(),
+        let identity = query.as_object().unwrap().get("agent_class").map(|_| {
+            chat_history_view::project::Identity {
+                agent_class: query["agent_class"].as_str().unwrap().to_owned(),
+                agent_id: query["agent_id"].as_str().unwrap().to_owned(),
+            }
         });
         let projection = project(&decode_rows(own), identity.as_ref());
         let conversation = &read["conversation"];
@@ -139,7 +141,9 @@ async fn the_official_openai_sdk_pages_every_thread_as_the_history() {
             json!({"error": 404})
         };
         if conversation != &wanted {
-            failures.push(format!("{thread} conversation: expected {wanted}, got {conversation}"));
+            failures.push(format!(
+                "{thread} conversation: expected {wanted}, got {conversation}"
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
