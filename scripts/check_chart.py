@@ -642,6 +642,7 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         ("HISTORY_VIEW_HTTP_MAX_CONNECTIONS", "httpMaxConnections"),
         ("HISTORY_VIEW_HTTP_MAX_IN_FLIGHT", "httpMaxInFlight"),
         ("HISTORY_VIEW_HTTP_MAX_WAITING", "httpMaxWaiting"),
+        ("HISTORY_VIEW_HTTP_MAX_STREAMS", "httpMaxStreams"),
         ("HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY", "natsSubscriptionCapacity"),
         ("HISTORY_VIEW_NATS_PING_INTERVAL_SECS", "natsPingIntervalSecs"),
         ("HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS", "httpHeaderTimeoutSecs"),

@@ -205,6 +205,11 @@ pub struct Config {
     #[arg(long, env = "HISTORY_VIEW_HTTP_MAX_WAITING", default_value = "1024", value_parser = parse_connections)]
     pub http_max_waiting: usize,
 
+    /// Live feeds (`history/stream`) open at once; each holds a connection (within HISTORY_VIEW_HTTP_MAX_CONNECTIONS)
+    /// and no read permit, and one beyond it answers 503 overloaded at once.
+    #[arg(long, env = "HISTORY_VIEW_HTTP_MAX_STREAMS", default_value = "256", value_parser = parse_connections)]
+    pub http_max_streams: usize,
+
     /// Seconds from a request's first byte to the end of its headers before the connection is closed.
     #[arg(long, env = "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS", default_value = "10", value_parser = parse_secs)]
     pub http_header_timeout: Duration,
@@ -1008,6 +1013,7 @@ mod tests {
             ("http-max-connections", "HISTORY_VIEW_HTTP_MAX_CONNECTIONS"),
             ("http-max-in-flight", "HISTORY_VIEW_HTTP_MAX_IN_FLIGHT"),
             ("http-max-waiting", "HISTORY_VIEW_HTTP_MAX_WAITING"),
+            ("http-max-streams", "HISTORY_VIEW_HTTP_MAX_STREAMS"),
             (
                 "http-header-timeout",
                 "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS",

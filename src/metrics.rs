@@ -78,6 +78,8 @@ pub enum HttpRefusal {
     InFlight,
     /// A read waiting for a run beyond `HISTORY_VIEW_HTTP_MAX_WAITING` (answered 503).
     Waiting,
+    /// A feed beyond `HISTORY_VIEW_HTTP_MAX_STREAMS` (answered 503).
+    Streams,
 }
 
 impl HttpRefusal {
@@ -86,6 +88,27 @@ impl HttpRefusal {
             HttpRefusal::Connections => "connections",
             HttpRefusal::InFlight => "in_flight",
             HttpRefusal::Waiting => "waiting",
+            HttpRefusal::Streams => "streams",
+        }
+    }
+}
+
+/// The kinds of a live feed's events (and of a resume's first event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedEvent {
+    /// The whole answer.
+    Snapshot,
+    /// The messages from the first that changed.
+    Update,
+}
+
+impl FeedEvent {
+    pub const ALL: [FeedEvent; 2] = [FeedEvent::Snapshot, FeedEvent::Update];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FeedEvent::Snapshot => "snapshot",
+            FeedEvent::Update => "update",
         }
     }
 }
@@ -260,6 +283,10 @@ struct Inner {
     persister_lag_out_of_range: IntCounterVec,
     cache_budget_bytes: IntGauge,
     waiting_reads: IntGauge,
+    feed_streams: IntGauge,
+    feed_events: IntCounterVec,
+    feed_resumes: IntCounterVec,
+    feed_coalesced: IntCounter,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -412,7 +439,7 @@ impl Metrics {
                     "Clients turned away: connections beyond HISTORY_VIEW_HTTP_MAX_CONNECTIONS (reason=connections; \
                      served the probes and /metrics only, or closed) and reads beyond HISTORY_VIEW_HTTP_MAX_IN_FLIGHT \
                      (reason=in_flight; answered 503) and reads waiting for a run beyond HISTORY_VIEW_HTTP_MAX_WAITING \
-                     (reason=waiting; answered 503)",
+                     (reason=waiting; answered 503) and feeds beyond HISTORY_VIEW_HTTP_MAX_STREAMS (reason=streams; answered 503)",
                     &["reason"],
                 ),
             ),
@@ -593,6 +620,36 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            feed_streams: register(&registry, &mut described,
+                IntGauge::new(
+                    "history_view_feed_streams",
+                    "Open live feeds (history/stream), of at most HISTORY_VIEW_HTTP_MAX_STREAMS",
+                )
+                .expect("valid metric"),
+            ),
+            feed_events: register(&registry, &mut described,
+                counter_vec(
+                    "history_view_feed_events_total",
+                    "Events the live feeds sent, by kind (snapshot: the whole answer; update: the messages from the \
+                     first that changed)",
+                    &["kind"],
+                ),
+            ),
+            feed_resumes: register(&registry, &mut described,
+                counter_vec(
+                    "history_view_feed_resumes_total",
+                    "Feeds opened with Last-Event-ID, by outcome (update: the answer it named was still known; \
+                     snapshot: it was not)",
+                    &["outcome"],
+                ),
+            ),
+            feed_coalesced: register(&registry, &mut described,
+                IntCounter::new(
+                    "history_view_feed_coalesced_changes_total",
+                    "Changes of a thread's view a feed sent within a later event instead of one of their own",
+                )
+                .expect("valid metric"),
+            ),
             registry,
             described,
         };
@@ -641,6 +698,7 @@ impl Metrics {
                 HttpRefusal::Connections,
                 HttpRefusal::InFlight,
                 HttpRefusal::Waiting,
+                HttpRefusal::Streams,
             ]
             .map(HttpRefusal::label),
         );
@@ -649,6 +707,8 @@ impl Metrics {
             &[HttpTimeout::Header, HttpTimeout::Idle].map(HttpTimeout::label),
         );
         preset(&inner.read_errors, &READ_ERROR_CODES);
+        preset(&inner.feed_events, &FeedEvent::ALL.map(FeedEvent::label));
+        preset(&inner.feed_resumes, &FeedEvent::ALL.map(FeedEvent::label));
         preset(
             &inner.persister_lag_out_of_range,
             &["negative", "too_large"],
@@ -710,6 +770,28 @@ impl Metrics {
     /// A store query or ping failed; `kind` is the store's `StoreError::kind`.
     pub fn store_error(&self, kind: &'static str) {
         self.inner.store_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// A feed opened (`1`) or ended (`-1`).
+    pub fn feed_streams(&self, change: i64) {
+        self.inner.feed_streams.add(change);
+    }
+
+    /// A feed sent an event of `kind`, covering `coalesced` more changes than one.
+    pub fn feed_event(&self, kind: FeedEvent, coalesced: u64) {
+        self.inner
+            .feed_events
+            .with_label_values(&[kind.label()])
+            .inc();
+        self.inner.feed_coalesced.inc_by(coalesced);
+    }
+
+    /// A feed opened with `Last-Event-ID` began with `outcome`.
+    pub fn feed_resume(&self, outcome: FeedEvent) {
+        self.inner
+            .feed_resumes
+            .with_label_values(&[outcome.label()])
+            .inc();
     }
 
     /// A read waiting for a run began (`1`) or ended (`-1`).
@@ -1027,7 +1109,7 @@ mod tests {
     /// Dashboards and alerts name these metrics and labels: a rename here is a breaking change for operators.
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 40] = [
+        let pinned: [(&str, &[&str]); 44] = [
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
             ("history_view_cache_hits_total", &[]),
@@ -1068,6 +1150,10 @@ mod tests {
             ("history_view_persister_lag_out_of_range_total", &["side"]),
             ("history_view_cache_budget_bytes", &[]),
             ("history_view_http_waiting_reads", &[]),
+            ("history_view_feed_streams", &[]),
+            ("history_view_feed_events_total", &["kind"]),
+            ("history_view_feed_resumes_total", &["outcome"]),
+            ("history_view_feed_coalesced_changes_total", &[]),
         ];
         let metrics = Metrics::new();
         let described: Vec<(&str, Vec<&str>)> = metrics

@@ -135,6 +135,7 @@ impl Application {
             api_token: config.api_token.as_ref().map(TokenDigest::new),
             reads: Arc::new(Semaphore::new(config.http_max_in_flight)),
             waiting: Arc::new(Semaphore::new(config.http_max_waiting)),
+            streams: Arc::new(Semaphore::new(config.http_max_streams)),
             openapi: openapi_json()?,
             peers: config.partitioning().map(|partitioning| {
                 Peers::new(

@@ -104,6 +104,7 @@ async fn serve(
         openapi: openapi_json().expect("the OpenAPI document"),
         reads: Arc::new(tokio::sync::Semaphore::new(config.http_max_in_flight)),
         waiting: Arc::new(tokio::sync::Semaphore::new(config.http_max_waiting)),
+        streams: Arc::new(tokio::sync::Semaphore::new(config.http_max_streams)),
         peers: None,
     };
     let etag = HeaderValue::from_str(&etag).expect("an ETag header value");

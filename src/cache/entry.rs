@@ -51,8 +51,11 @@ pub struct Entry {
     rendering: Mutex<Rendering>,
     /// The view's version as its last holder let go of it.
     pub version: AtomicU64,
-    /// Notified as a holder that changed the view lets go of it (a read waiting for a run listens).
+    /// Notified as a holder that changed the view lets go of it (reads waiting for a run and feeds listen).
     pub changed: tokio::sync::Notify,
+    /// Names this entry among every entry of every process ([`next_generation`]): a view's version restarts in a
+    /// new entry, so an answer is named by both.
+    pub generation: u64,
     /// What the store side of the entry is doing.
     pub store: StoreSide,
     /// The thread outgrew `HISTORY_VIEW_MAX_THREAD_BYTES`: the entry left the cache with its view emptied, and its
@@ -150,6 +153,20 @@ impl Drop for ViewGuard<'_> {
     }
 }
 
+/// A generation no entry of this or an earlier process had: the process's start in microseconds since the Unix
+/// epoch plus a count of the entries it made.
+fn next_generation() -> u64 {
+    static BASE: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |since| {
+                u64::try_from(since.as_micros()).unwrap_or(u64::MAX / 2)
+            })
+    });
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    *BASE + COUNT.fetch_add(1, Ordering::Relaxed)
+}
+
 impl Drop for Entry {
     fn drop(&mut self) {
         self.coverage
@@ -174,6 +191,7 @@ impl Entry {
             rendering: Mutex::new(Rendering::default()),
             version: AtomicU64::new(0),
             changed: tokio::sync::Notify::new(),
+            generation: next_generation(),
             store: StoreSide::new(),
             too_large: AtomicBool::new(false),
             skipped_markers_warned: AtomicBool::new(false),
@@ -234,10 +252,21 @@ impl Entry {
         metrics: &Metrics,
     ) -> Answer<F> {
         let mut rendering = lock(&self.rendering);
-        let answer = rendering.render(&self.thread_id, view, primary, source, metrics);
+        let mut answer = rendering.render(&self.thread_id, view, primary, source, metrics);
+        answer.generation = self.generation;
         self.rendered_bytes
             .store(rendering.bytes(), Ordering::Relaxed);
         answer
+    }
+
+    /// The per-message digests of `version` of this entry's view as the feed rendered it for `primary`, if kept.
+    pub fn recent_digests(
+        &self,
+        version: u64,
+        primary: Option<&Identity>,
+    ) -> Option<std::sync::Arc<[u64]>> {
+        let _view = lock(&self.view);
+        lock(&self.rendering).recent_digests(version, primary)
     }
 
     /// Forgets the last rendering (its memory is freed now, whoever still holds the entry).

@@ -27,6 +27,7 @@ mod render;
 mod shadow;
 #[cfg(test)]
 mod tests;
+mod transcript;
 mod work;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 pub use items::{InvalidCursor, Items, Order};
 pub use render::{Answer, Facts, Form, HistoryBody, Source, etag_of};
 pub use shadow::VerifyReport;
+pub use transcript::Transcript;
 
 use crate::coverage::Coverage;
 use crate::decode::ViewEvent;
@@ -56,7 +58,8 @@ use entry::Entry;
 use fill::FillRequest;
 use work::{Begin, Outcome};
 
-/// The longest a read waiting for a run waits for one change notification before it reads again.
+/// The longest a read waiting for a run waits for one change notification before it reads again (an entry made
+/// after it began waiting is not listened to).
 pub const CHANGE_RECHECK: Duration = Duration::from_millis(250);
 
 /// Fills waiting for a query; beyond it a fill is dropped and its view's next read hydrates.
@@ -288,15 +291,18 @@ impl<S: StoreReads> ViewCache<S> {
         }
     }
 
-    /// Waits until the view of `thread_id` is no longer at `version` (an answer's [`Answer::version`]), or until
-    /// `until`, but at most [`CHANGE_RECHECK`] (an entry that replaced an evicted one is not listened to: the
-    /// caller reads again and finds it).
-    pub async fn changed(&self, thread_id: &str, version: u64, until: Instant) {
-        let until = until.min(Instant::now() + CHANGE_RECHECK);
+    /// Waits until the view of `thread_id` is no longer the one an answer was rendered from (`generation` and
+    /// `version`: [`Answer::generation`], [`Answer::version`]), or until `until`. Returns at once when the thread's
+    /// entry is another one (the answer's was evicted); without an entry, it waits until `until` (an entry made
+    /// meanwhile is not listened to, so callers look again every so often: [`CHANGE_RECHECK`]).
+    pub async fn changed(&self, thread_id: &str, generation: u64, version: u64, until: Instant) {
         let Some(entry) = self.cache.get(thread_id).await else {
             tokio::time::sleep_until(until).await;
             return;
         };
+        if entry.generation != generation {
+            return;
+        }
         let notified = entry.changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -304,6 +310,26 @@ impl<S: StoreReads> ViewCache<S> {
             return;
         }
         let _ = tokio::time::timeout_at(until, notified).await;
+    }
+
+    /// The per-message digests of the thread's answer named by `generation` and `version` (for `primary`), if
+    /// that entry still holds the thread and kept them: what a resumed feed compares the current answer with.
+    pub async fn recent_digests(
+        &self,
+        thread_id: &str,
+        generation: u64,
+        version: u64,
+        primary: Option<&Identity>,
+    ) -> Option<Arc<[u64]>> {
+        let entry = self.cache.get(thread_id).await?;
+        (entry.generation == generation)
+            .then(|| entry.recent_digests(version, primary))
+            .flatten()
+    }
+
+    /// Cancelled when the worker stops (the feeds end on it).
+    pub fn stopping(&self) -> CancellationToken {
+        self.stop.clone()
     }
 
     /// Stops the background re-reads and fills (at shutdown).

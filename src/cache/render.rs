@@ -2,7 +2,7 @@
 //! Conversations items): rendered once per view version and identity and reused while the view has not changed,
 //! and the projector's warnings logged once per view.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
@@ -10,6 +10,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use super::items::Items;
+use super::transcript::Transcript;
 use crate::metrics::Metrics;
 use crate::project::{HistoryMessage, Identity, Projection};
 use crate::view::ThreadView;
@@ -45,6 +46,9 @@ pub struct Answer<F> {
     pub covered_through: Option<std::time::SystemTime>,
     /// The view's version it was rendered from (a version restarts in a new entry).
     pub version: u64,
+    /// The cache entry's generation (0: no entry, a read from the store alone): with the version, it names the
+    /// answer across evictions and restarts.
+    pub generation: u64,
 }
 
 impl<F> Clone for Answer<F> {
@@ -55,6 +59,7 @@ impl<F> Clone for Answer<F> {
             source: self.source,
             covered_through: self.covered_through,
             version: self.version,
+            generation: self.generation,
         }
     }
 }
@@ -100,6 +105,10 @@ pub trait Form: Sized {
     fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>>;
     /// Bytes held, for the cache's weigher.
     fn bytes(&self) -> usize;
+    /// Per-message digests, kept for a few versions so that a resumed feed finds what changed since.
+    fn digests(&self) -> Option<Arc<[u64]>> {
+        None
+    }
 }
 
 /// The forms rendered so far from one version of a view for one identity.
@@ -107,12 +116,14 @@ pub trait Form: Sized {
 pub struct Forms {
     history: Option<Arc<HistoryBody>>,
     items: Option<Arc<Items>>,
+    transcript: Option<Arc<Transcript>>,
 }
 
 impl Forms {
     fn bytes(&self) -> usize {
         self.history.as_ref().map_or(0, |h| h.bytes())
             + self.items.as_ref().map_or(0, |i| i.bytes())
+            + self.transcript.as_ref().map_or(0, |t| t.bytes())
     }
 }
 
@@ -162,6 +173,24 @@ impl Form for Items {
     }
 }
 
+impl Form for Transcript {
+    fn render(_thread_id: &str, projection: &Projection) -> Self {
+        Transcript::new(projection)
+    }
+
+    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>> {
+        &mut forms.transcript
+    }
+
+    fn bytes(&self) -> usize {
+        Transcript::bytes(self)
+    }
+
+    fn digests(&self) -> Option<Arc<[u64]>> {
+        Some(Arc::clone(&self.digests))
+    }
+}
+
 /// A quoted strong validator of `bytes`.
 pub fn etag_of(bytes: &[u8]) -> String {
     let mut hasher = DefaultHasher::new();
@@ -184,6 +213,9 @@ struct HistoryJson<'a> {
     messages: &'a [HistoryMessage],
 }
 
+/// How many versions' per-message digests are kept for resumed feeds (with their identity).
+const RECENT_DIGESTS: usize = 8;
+
 /// How many identities' renderings of one view version are kept (a thread read for its primary agent and without
 /// an identity, say, does not re-render on every alternation).
 const RENDERED_IDENTITIES: usize = 4;
@@ -196,6 +228,8 @@ pub struct Rendering {
     /// Warnings already logged for this view (hashes of their identity), so a malformed event is warned about once,
     /// not on every read.
     warned: HashSet<u64>,
+    /// The per-message digests of the last few versions rendered for the feed, oldest first.
+    recent: VecDeque<(u64, Option<Identity>, Arc<[u64]>)>,
 }
 
 impl Rendering {
@@ -211,35 +245,43 @@ impl Rendering {
     ) -> Answer<F> {
         let version = view.version();
         self.rendered.retain(|r| r.version == version);
-        let at = match self
+        let (at, projection) = match self
             .rendered
             .iter()
             .position(|r| r.primary.as_ref() == primary)
         {
-            Some(at) => at,
+            Some(at) => (at, None),
             None => {
                 if self.rendered.len() == RENDERED_IDENTITIES {
                     self.rendered.remove(0);
                 }
                 let projection = view.project(primary);
                 metrics.malformed_warnings(log_new_warnings(&mut self.warned, &projection));
-                let mut forms = Forms::default();
-                *F::slot(&mut forms) = Some(Arc::new(F::render(thread_id, &projection)));
                 self.rendered.push(Rendered {
                     version,
                     primary: primary.cloned(),
                     facts: Arc::new(Facts::of(&projection)),
-                    forms,
+                    forms: Forms::default(),
                 });
-                self.rendered.len() - 1
+                (self.rendered.len() - 1, Some(projection))
             }
         };
         let rendered = &mut self.rendered[at];
         let body = match F::slot(&mut rendered.forms) {
             Some(body) => Arc::clone(body),
-            // Only another form of this version was rendered: project again for this one (its warnings were logged
-            // when the first form was rendered).
-            slot => Arc::clone(slot.insert(Arc::new(F::render(thread_id, &view.project(primary))))),
+            slot => {
+                // Only another form of this version was rendered: project again for this one (its warnings were
+                // logged when the first form was rendered).
+                let projection = projection.unwrap_or_else(|| view.project(primary));
+                let body = Arc::clone(slot.insert(Arc::new(F::render(thread_id, &projection))));
+                if let Some(digests) = body.digests() {
+                    if self.recent.len() == RECENT_DIGESTS {
+                        self.recent.pop_front();
+                    }
+                    self.recent.push_back((version, primary.cloned(), digests));
+                }
+                body
+            }
         };
         Answer {
             body,
@@ -247,20 +289,33 @@ impl Rendering {
             source,
             covered_through: None,
             version,
+            generation: 0,
         }
     }
 
-    /// The bytes the renderings hold, for the cache's weigher.
-    pub fn bytes(&self) -> usize {
-        self.rendered
+    /// The per-message digests of `version` rendered for `primary` by the feed, if they are still kept.
+    pub fn recent_digests(&self, version: u64, primary: Option<&Identity>) -> Option<Arc<[u64]>> {
+        self.recent
             .iter()
-            .map(|r| r.forms.bytes() + r.facts.bytes())
-            .sum()
+            .find(|(v, p, _)| *v == version && p.as_ref() == primary)
+            .map(|(_, _, digests)| Arc::clone(digests))
+    }
+
+    /// The bytes the renderings hold (and the recent digests), for the cache's weigher.
+    pub fn bytes(&self) -> usize {
+        let recent: usize = self.recent.iter().map(|(_, _, d)| d.len() * 8 + 64).sum();
+        recent
+            + self
+                .rendered
+                .iter()
+                .map(|r| r.forms.bytes() + r.facts.bytes())
+                .sum::<usize>()
     }
 
     /// Forgets the renderings (their memory is freed now); the warnings logged stay logged.
     pub fn forget(&mut self) {
         self.rendered.clear();
+        self.recent.clear();
     }
 }
 
@@ -283,4 +338,94 @@ fn log_new_warnings(warned: &mut HashSet<u64>, projection: &Projection) -> usize
         }
     }
     logged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::{Decoded, ViewEvent, decode_payload};
+    use crate::subject::DeliveryKey;
+
+    fn event(subject: &str, payload: &str) -> ViewEvent {
+        match decode_payload(
+            DeliveryKey::parse_subject(subject).unwrap(),
+            payload.as_bytes(),
+        ) {
+            Ok(Decoded::Event(event)) => event,
+            other => panic!("a relevant event expected, got {other:?}"),
+        }
+    }
+
+    fn view() -> ThreadView {
+        let mut view = ThreadView::new();
+        view.insert(event(
+            "agent.UserAgent.u.t.d.r0.display_event.UserMessageEvent.u1",
+            r#"{"_parent_event_names": ["UserMessageEvent"], "created_at": 1,
+                "messages": [{"role": "user", "blocks": [{"block_type": "text", "text": "q"}]}]}"#,
+        ));
+        view.insert(event(
+            "agent.A.a.t.d.r1.display_event.ChunkEvent.c1",
+            r#"{"_parent_event_names": ["ChunkEvent"], "created_at": 2, "content": "a"}"#,
+        ));
+        view
+    }
+
+    fn render<F: Form>(
+        rendering: &mut Rendering,
+        view: &mut ThreadView,
+        primary: Option<&Identity>,
+    ) -> Arc<F> {
+        rendering
+            .render::<F>("t", view, primary, Source::Cache, &Metrics::new())
+            .body
+    }
+
+    /// A form is rendered once per version and identity: reads alternating between identities and forms reuse
+    /// what was rendered; a change of the view renders again.
+    #[test]
+    fn renderings_are_kept_per_identity_and_form_until_the_view_changes() {
+        let mut view = view();
+        let mut rendering = Rendering::default();
+        let primary = Identity {
+            agent_class: "A".into(),
+            agent_id: "a".into(),
+        };
+        let first = render::<HistoryBody>(&mut rendering, &mut view, Some(&primary));
+        let anonymous = render::<HistoryBody>(&mut rendering, &mut view, None);
+        let items = render::<Items>(&mut rendering, &mut view, Some(&primary));
+        assert!(Arc::ptr_eq(
+            &first,
+            &render::<HistoryBody>(&mut rendering, &mut view, Some(&primary))
+        ));
+        assert!(Arc::ptr_eq(
+            &anonymous,
+            &render::<HistoryBody>(&mut rendering, &mut view, None)
+        ));
+        assert!(Arc::ptr_eq(
+            &items,
+            &render::<Items>(&mut rendering, &mut view, Some(&primary))
+        ));
+        assert!(rendering.bytes() >= first.body.len() + anonymous.body.len() + items.bytes());
+        view.insert(event(
+            "agent.A.a.t.d.r1.display_event.ChunkEvent.c2",
+            r#"{"_parent_event_names": ["ChunkEvent"], "created_at": 3, "content": "b"}"#,
+        ));
+        let changed = render::<HistoryBody>(&mut rendering, &mut view, Some(&primary));
+        assert!(!Arc::ptr_eq(&first, &changed));
+        assert_ne!(first.etag, changed.etag);
+        // Only the new version's renderings are held.
+        assert_eq!(
+            rendering.bytes(),
+            changed.bytes() + Facts::default().bytes()
+        );
+        // At most four identities are kept.
+        for n in 0..6 {
+            let other = Identity {
+                agent_class: format!("C{n}"),
+                agent_id: "x".into(),
+            };
+            render::<HistoryBody>(&mut rendering, &mut view, Some(&other));
+        }
+        assert_eq!(rendering.rendered.len(), RENDERED_IDENTITIES);
+    }
 }

@@ -215,7 +215,11 @@ pub async fn read<F: Form>(
             });
         }
         let read_at = Instant::now();
-        state.views.changed(thread, answer.version, deadline).await;
+        let until = deadline.min(read_at + crate::cache::CHANGE_RECHECK);
+        state
+            .views
+            .changed(thread, answer.generation, answer.version, until)
+            .await;
         if answer.source == Source::Store {
             tokio::time::sleep_until(deadline.min(read_at + STORE_REREAD_INTERVAL)).await;
         }
@@ -306,7 +310,7 @@ pub fn thread_and_query(
 }
 
 /// Where a read is answered.
-enum Route {
+pub(super) enum Route {
     /// By this worker, through its cache.
     Local,
     /// By the worker of this partition, forwarded.
@@ -316,7 +320,7 @@ enum Route {
 }
 
 /// Routes a read among partitioned workers (every read is local with one partition), counting the route.
-fn route(state: &AppState, thread_id: &str, headers: &HeaderMap) -> Route {
+pub(super) fn route(state: &AppState, thread_id: &str, headers: &HeaderMap) -> Route {
     let Some(peers) = &state.peers else {
         return Route::Local;
     };

@@ -3,6 +3,7 @@
 
 mod conversations;
 mod error;
+mod feed;
 mod history;
 mod operations;
 mod route;
@@ -44,6 +45,8 @@ pub struct AppState {
     pub reads: Arc<Semaphore>,
     /// One permit per read waiting for a run (`HISTORY_VIEW_HTTP_MAX_WAITING`); such a read takes no `reads` permit.
     pub waiting: Arc<Semaphore>,
+    /// One permit per open live feed (`HISTORY_VIEW_HTTP_MAX_STREAMS`); a feed takes no `reads` permit.
+    pub streams: Arc<Semaphore>,
     /// Partitioned workers: the owner of each thread and how to reach it; `None` with one partition.
     pub peers: Option<Peers>,
 }
@@ -82,9 +85,17 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
             limit_in_flight,
         ))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    // The live feed holds a stream permit of its own, not a read permit, for as long as it is open.
+    let feeds = Router::new()
+        .route(
+            "/v1/threads/{thread_id}/history/stream",
+            get(feed::stream_history),
+        )
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     // Every API answer passes `count_errors`; the operations endpoints, added after it, do not.
     let api = Router::new()
         .merge(api)
+        .merge(feeds)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), count_errors));
     operations(api).with_state(state)

@@ -20,7 +20,11 @@ use crate::telemetry::RateLimit;
 pub const FORWARDED_HEADER: &str = "x-history-forwarded";
 
 /// The request headers a forwarded read carries to the owner.
-const PASSED_ON: [HeaderName; 2] = [header::AUTHORIZATION, header::IF_NONE_MATCH];
+const PASSED_ON: [HeaderName; 3] = [
+    header::AUTHORIZATION,
+    header::IF_NONE_MATCH,
+    HeaderName::from_static("last-event-id"),
+];
 
 /// Response headers that belong to one connection, not to the answer.
 const HOP_BY_HOP: [HeaderName; 4] = [
@@ -91,6 +95,52 @@ impl Peers {
         headers: &HeaderMap,
         waited: Duration,
     ) -> Result<Response<Body>, ForwardError> {
+        let timeout = self.timeout + waited;
+        let exchange = async {
+            let (parts, body) = self
+                .send(partition, method, uri, headers)
+                .await?
+                .into_parts();
+            let body = body
+                .collect()
+                .await
+                .map_err(|e| ForwardError::Unreachable(e.to_string()))?
+                .to_bytes();
+            Ok(Response::from_parts(parts, Body::from(body)))
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| ForwardError::Timeout(timeout))?
+    }
+
+    /// Forwards a live feed's request to the owner of `partition` and passes its response on as it streams: only
+    /// the response's head must come within the store timeout.
+    ///
+    /// # Errors
+    /// [`ForwardError`] when no response head came in time.
+    pub async fn forward_stream(
+        &self,
+        partition: u32,
+        uri: &Uri,
+        headers: &HeaderMap,
+    ) -> Result<Response<Body>, ForwardError> {
+        let response = tokio::time::timeout(
+            self.timeout,
+            self.send(partition, Method::GET, uri, headers),
+        )
+        .await
+        .map_err(|_| ForwardError::Timeout(self.timeout))??;
+        Ok(response.map(Body::new))
+    }
+
+    /// Sends the request to the owner of `partition`; the response's hop-by-hop headers are removed.
+    async fn send(
+        &self,
+        partition: u32,
+        method: Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+    ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let target = format!(
             "{}{path}",
@@ -107,26 +157,14 @@ impl Peers {
                 request.headers_mut().append(name.clone(), value.clone());
             }
         }
-        let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| ForwardError::Unreachable(chain(&e)))?;
-            let (mut parts, body) = response.into_parts();
-            let body = body
-                .collect()
-                .await
-                .map_err(|e| ForwardError::Unreachable(e.to_string()))?
-                .to_bytes();
-            for name in HOP_BY_HOP {
-                parts.headers.remove(name);
-            }
-            Ok(Response::from_parts(parts, Body::from(body)))
-        };
-        let timeout = self.timeout + waited;
-        tokio::time::timeout(timeout, exchange)
+        let mut response = self
+            .client
+            .request(request)
             .await
-            .map_err(|_| ForwardError::Timeout(timeout))?
+            .map_err(|e| ForwardError::Unreachable(chain(&e)))?;
+        for name in HOP_BY_HOP {
+            response.headers_mut().remove(name);
+        }
+        Ok(response)
     }
 }

@@ -114,9 +114,16 @@ async fn serve_connection(
         let in_flight = InFlight::begin(&service_activity);
         let mut router = router.clone();
         async move {
+            // In flight until the body has been sent (or dropped): a live feed's response is a long body.
             let response = router.call(request).await;
-            drop(in_flight);
-            response
+            response.map(|response| {
+                response.map(|body| {
+                    Body::new(Tracked {
+                        body,
+                        _in_flight: in_flight,
+                    })
+                })
+            })
         }
     });
     let connection = hyper::server::conn::http1::Builder::new()
@@ -227,6 +234,32 @@ impl Drop for InFlight {
         state.first_byte = None;
         drop(state);
         self.0.changed.notify_one();
+    }
+}
+
+/// A response body that keeps its request in flight until hyper has sent it or dropped it.
+struct Tracked {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

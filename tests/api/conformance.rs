@@ -1,9 +1,11 @@
 //! Every conformance case through the paths it names, end to end: `store` (rows in a fresh database, the binary
 //! as a separate process with a cold cache, read over HTTP) and `live` (rows published on a real nats-server,
 //! nothing in the store, read over HTTP once consumed). Each is also read as Conversations items, paged in both
-//! orders (the `items` read path of each).
+//! orders (the `items` read path of each), and each live case streams through the feed, opened before its first
+//! event, to its expected history (the `feed` path).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 
@@ -159,6 +161,9 @@ where
     settings.extend(env.iter().map(|(k, v)| (*k, (*v).to_owned())));
     let app = BinaryApp::start(&settings).await;
     app.wait_ready().await;
+    // The feed is open before the first event: its transcript must end as the case's history.
+    let mut feed =
+        crate::feed::FeedClient::open(&app.api, &case.thread_id, &query(&case), None).await;
     let publisher = async_nats::connect(nats.url()).await.expect("publisher");
     publish_rows(&publisher, &case.rows).await;
     // Only display events reach the worker.
@@ -169,8 +174,19 @@ where
         .count();
     app.api.wait_for_events(expected as u64).await;
     let reply = app.api.history(&case.thread_id, &query(&case)).await;
-    match check(&case, path, &reply) {
-        Some(failure) => Some(failure),
-        None => check_items(&case, path, &app.api).await,
+    if let Some(failure) = check(&case, path, &reply) {
+        return Some(failure);
     }
+    if let Some(failure) = check_items(&case, path, &app.api).await {
+        return Some(failure);
+    }
+    let streamed = feed
+        .until(&case.expected.messages, Duration::from_secs(10))
+        .await;
+    (streamed != case.expected.messages).then(|| {
+        format!(
+            "{} [{path} feed]:\n  expected {}\n  streamed {streamed} ({:?})",
+            case.name, case.expected.messages, feed.kinds
+        )
+    })
 }

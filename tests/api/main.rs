@@ -61,3 +61,5 @@ mod monitoring;
 mod conversations;
 // The Conversations endpoints through the official OpenAI Python SDK.
 mod sdk;
+// The live feed (Server-Sent Events): updates, resumes, gaps, evictions, idle timeouts, shutdown.
+mod feed;
