@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Serialize;
 
-use super::render::etag_of;
+use super::etag::etag_of;
 use crate::decode::Part;
 use crate::project::{HistoryMessage, Projection, Role, format_item_id as format_id};
 

@@ -20,6 +20,7 @@
 //! [design 2]: ../../docs/design.md#2
 
 mod entry;
+mod etag;
 mod fill;
 mod hydrate;
 mod items;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Serialize;
 
+pub use super::etag::etag_of;
 use super::items::Items;
 use super::transcript::Transcript;
 use crate::metrics::Metrics;
@@ -189,13 +190,6 @@ impl Form for Transcript {
     fn digests(&self) -> Option<Arc<[u64]>> {
         Some(Arc::clone(&self.digests))
     }
-}
-
-/// A quoted strong validator of `bytes`.
-pub fn etag_of(bytes: &[u8]) -> String {
-    let mut hasher = DefaultHasher::new();
-    bytes.hash(&mut hasher);
-    format!("\"{:016x}\"", hasher.finish())
 }
 
 /// The forms rendered from one version of a view for one primary identity.
