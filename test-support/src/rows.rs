@@ -100,21 +100,18 @@ pub fn document(row: &Value) -> Document {
     mongodb::bson::to_document(row).expect("a row converts to BSON")
 }
 
-/// Publishes `rows` into JetStream, pipelined, and waits until the stream holding each has stored it. A core
-/// publish into a replicated stream is dropped when the stream's leader cannot take it at that moment (no error
-/// reaches a publisher without a reply subject); a test that counts what the workers must receive publishes so.
+/// Publishes `rows` into JetStream one after the other, each once the stream holding the one before has stored it.
+/// A core publish into a replicated stream is dropped when the stream's leader cannot take it at that moment (no
+/// error reaches a publisher without a reply subject); a test that counts what the workers must receive publishes
+/// so.
 pub async fn publish_stored(context: &async_nats::jetstream::Context, rows: &[Value]) {
-    let mut acks = Vec::with_capacity(rows.len());
     for row in rows {
-        acks.push(
-            context
-                .publish(subject(row), payload(row).into())
-                .await
-                .expect("publish"),
-        );
-    }
-    for ack in acks {
-        ack.await.expect("stored by its stream");
+        context
+            .publish(subject(row), payload(row).into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored by its stream");
     }
 }
 
