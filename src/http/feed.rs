@@ -21,10 +21,10 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::history::{HistoryQuery, Route, route, thread_and_query};
+use super::history::{HistoryQuery, Route, passed_back, route, thread_and_query};
 use super::{ApiError, AppState};
 use crate::cache::{Answer, Source, Transcript};
-use crate::metrics::{FeedEvent, HttpRefusal, Metrics, ReadRoute};
+use crate::metrics::{FeedEvent, HttpRefusal, Metrics};
 use crate::project::Identity;
 
 /// Changes that follow an event within this time are sent together, in one event, after it.
@@ -66,17 +66,8 @@ pub async fn stream_history(
             let Some(peers) = &state.peers else {
                 return Err(ApiError::OwnerUnreachable);
             };
-            return match peers.forward_stream(partition, &uri, &headers).await {
-                Ok(response) => {
-                    state.metrics.read_route(ReadRoute::Forwarded);
-                    Ok(response)
-                }
-                Err(error) => {
-                    state.metrics.read_route(ReadRoute::OwnerUnreachable);
-                    tracing::warn!(partition, %error, "the owner of a thread did not answer a forwarded feed");
-                    Err(ApiError::OwnerUnreachable)
-                }
-            };
+            let forwarded = peers.forward_stream(partition, &uri, &headers).await;
+            return passed_back(&state, partition, forwarded).ok_or(ApiError::OwnerUnreachable);
         }
         // A forwarded feed for a thread this worker does not own either: it holds no view of it.
         Route::Store => return Err(ApiError::OwnerUnreachable),

@@ -347,15 +347,30 @@ async fn forward(
     waited: Duration,
 ) -> Option<Response> {
     let peers = state.peers.as_ref()?;
-    match peers.forward(partition, method, uri, headers, waited).await {
+    let forwarded = peers.forward(partition, method, uri, headers, waited).await;
+    passed_back(state, partition, forwarded)
+}
+
+/// The outcome of a request forwarded to the owner of `partition`, counted (`history_view_read_routes_total`),
+/// and warned about, at most once a second, when the owner gave no answer.
+pub(super) fn passed_back(
+    state: &AppState,
+    partition: u32,
+    forwarded: Result<Response, super::route::ForwardError>,
+) -> Option<Response> {
+    match forwarded {
         Ok(response) => {
             state.metrics.read_route(ReadRoute::Forwarded);
             Some(response)
         }
         Err(error) => {
             state.metrics.read_route(ReadRoute::OwnerUnreachable);
-            if peers.warnings.allow() {
-                tracing::warn!(partition, %error, "the owner of a thread did not answer a forwarded request (a read is answered from the store)");
+            if state
+                .peers
+                .as_ref()
+                .is_some_and(|peers| peers.warnings.allow())
+            {
+                tracing::warn!(partition, %error, "the owner of a thread did not answer a forwarded request (a read is answered from the store, a feed or verify 503)");
             }
             None
         }
