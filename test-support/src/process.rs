@@ -204,6 +204,27 @@ impl Process {
         }
     }
 
+    /// Freezes the process (SIGSTOP) and returns once every one of its threads is stopped. `kill` returns when the
+    /// signal is queued; until the kernel has scheduled the thread that handles it, the other threads run on (on a
+    /// loaded machine, for milliseconds: long enough to answer a request that should find the process frozen).
+    ///
+    /// # Panics
+    /// When the threads are not all stopped within five seconds.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+        let pid = self.pid();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !all_threads_stopped(pid) {
+            assert!(Instant::now() < deadline, "process {pid} did not stop");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
     /// SIGTERM (so the program cleans up after itself), SIGKILL if it is still there after two seconds.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -237,4 +258,19 @@ impl Drop for Process {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Whether every thread of process `pid` is stopped by a signal (state `T` in `/proc/<pid>/task/*/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            stat.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next())
+                == Some('T')
+        })
+    })
 }

@@ -89,12 +89,12 @@ impl NatsServer {
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing is answered, not even a ping.
     pub fn pause(&self) {
-        self.process.signal("-STOP");
+        self.process.pause();
     }
 
     /// Lets a paused server go on (SIGCONT).
     pub fn resume(&self) {
-        self.process.signal("-CONT");
+        self.process.resume();
     }
 }
 
@@ -194,12 +194,12 @@ impl MongoServer {
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
     pub fn pause(&self) {
-        self.process.signal("-STOP");
+        self.process.pause();
     }
 
     /// Lets a paused server go on (SIGCONT).
     pub fn resume(&self) {
-        self.process.signal("-CONT");
+        self.process.resume();
     }
 
     /// Starts the server again on the same port (after `stop`); in-memory data is gone, on-disk data stays.

@@ -100,12 +100,12 @@ impl WorkerProcess {
 
     /// Freezes the process (SIGSTOP): its sockets stay open, nothing is read.
     pub fn pause(&self) {
-        self.process.signal("-STOP");
+        self.process.pause();
     }
 
     /// Lets a paused process go on (SIGCONT).
     pub fn resume(&self) {
-        self.process.signal("-CONT");
+        self.process.resume();
     }
 }
 

@@ -444,21 +444,9 @@ async fn the_owner_frozen_killed_and_restarted_leaves_every_read_answered() {
     let started = Instant::now();
     let reply = deployment.api(0).history(&thread, "").await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    if reply.source() != Some("store") {
-        // Seen twice in CI, never here: say who answered.
-        let pid = deployment.workers[2].as_ref().unwrap().pid();
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let metrics = deployment.api(0).metrics().await;
-        panic!(
-            "a frozen owner's thread answered from {:?} after {:?}; worker 2 (pid {pid}) stat: {state}; worker 0 routes: local {}, forwarded {}, owner_unreachable {}, loop {}",
-            reply.source(),
-            started.elapsed(),
-            routes(&metrics, "local"),
-            routes(&metrics, "forwarded"),
-            routes(&metrics, "owner_unreachable"),
-            routes(&metrics, "loop"),
-        );
-    }
+    // `pause` returns once every thread of the owner is stopped: before, on a loaded machine, its threads could
+    // still answer for a few milliseconds (seen twice in CI as an answer from its cache).
+    assert_eq!(reply.source(), Some("store"), "{}", reply.body);
     assert_eq!(reply.json()["messages"], expected);
     assert!(started.elapsed() < Duration::from_secs(5));
     let metrics = deployment.api(0).metrics().await;
