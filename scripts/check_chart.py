@@ -187,6 +187,7 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "a string where an integer belongs": ({"config": {"cacheMaxBytes": "256Mi"}}, "/config/cacheMaxBytes"),
     "an unknown log format": ({"config": {"logFormat": "xml"}}, "/config/logFormat"),
+    "an unknown inspector mode": ({"config": {"inspector": "yes"}}, "/config/inspector"),
     "a negative persister-lag bound": ({"config": {"persistLagMs": -1}}, "/config/persistLagMs"),
     "no hydration slot": ({"config": {"maxConcurrentHydrations": 0}}, "/config/maxConcurrentHydrations"),
     "a per-thread limit below 64 KiB": ({"config": {"maxThreadBytes": 1024}}, "/config/maxThreadBytes"),
@@ -623,6 +624,7 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         f"HISTORY_VIEW_PROBE_LISTEN is {env['HISTORY_VIEW_PROBE_LISTEN']}, not 0.0.0.0:{values['probePort']}",
     )
     expect(env["HISTORY_VIEW_LOG_FORMAT"]["value"] == values["config"]["logFormat"], "HISTORY_VIEW_LOG_FORMAT")
+    expect(env["HISTORY_VIEW_INSPECTOR"]["value"] == values["config"]["inspector"], "HISTORY_VIEW_INSPECTOR")
     cache_bytes = values["config"]["cacheMaxBytes"]
     expect(
         env["HISTORY_VIEW_CACHE_MAX_BYTES"]["value"] == str(cache_bytes),

@@ -21,6 +21,11 @@
 #            .tools/venv/bin/prometheus and .tools/venv/bin/promtool (running
 #            `apt-get update` once if the package lists lack it); skipped when that
 #            version is already extracted.
+#            Likewise headless Chromium (for the inspector page's browser test):
+#            Debian's chromium-headless-shell, pinned to 148.0.7778.167-1~deb12u1,
+#            with chromium-common and the libraries a minimal Debian 12 lacks,
+#            extracted into .tools/chromium/, with the launcher
+#            .tools/venv/bin/chromium-headless-shell.
 #            Every other command that needs the tools runs it first. The venv is
 #            shared with scripts/check-chart.sh: creating it or installing into it
 #            happens under flock on .tools/venv.lock.
@@ -77,6 +82,12 @@ HTTPX_SSE_VERSION="0.4.3"
 # binaries are static Go programs, so the extracted files run as they are.
 PROMETHEUS_DEB_VERSION="2.42.0+ds-5+b6"
 PROMETHEUS_DIR="$TOOLS/prometheus"
+# Headless Chromium for the inspector page's browser test: Debian's chromium-headless-shell, pinned, with the
+# libraries it needs that a minimal Debian 12 lacks (the packages beside it take their candidate versions).
+CHROMIUM_DEB_VERSION="148.0.7778.167-1~deb12u1"
+CHROMIUM_DIR="$TOOLS/chromium"
+CHROMIUM_LIBS="libdouble-conversion3 libflac12 libharfbuzz-subset0 libminizip1 libopenh264-7 libopus0 libpulse0
+    libxnvctrl0 libasyncns0 libsndfile1 libogg0 libvorbis0a libvorbisenc2 libmp3lame0 libmpg123-0"
 # Versions of secantusdb's dependencies as resolved when this script was written,
 # so that a fresh machine gets the same set (pip constraints: they only pin, they
 # add nothing).
@@ -188,8 +199,56 @@ install_prometheus() {
     prometheus_ok || die "prometheus $PROMETHEUS_DEB_VERSION is not usable after installing it"
 }
 
+# True when the pinned Chromium is extracted and its launcher is in the venv.
+chromium_ok() {
+    [ -x "$VENV/bin/chromium-headless-shell" ] || return 1
+    [ "$(cat "$CHROMIUM_DIR/.deb-version" 2>/dev/null)" = "$CHROMIUM_DEB_VERSION" ]
+}
+
+# Download chromium-headless-shell (pinned), chromium-common and the libraries above, extract them all into
+# .tools/chromium/ (nothing is installed system-wide), and write the launcher .tools/venv/bin/chromium-headless-shell,
+# which finds those libraries through LD_LIBRARY_PATH. Runs under .tools/venv.lock, after the venv exists.
+install_chromium() {
+    if [ "$(cat "$CHROMIUM_DIR/.deb-version" 2>/dev/null)" != "$CHROMIUM_DEB_VERSION" ]; then
+        command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 ||
+            die "apt-get and dpkg-deb are needed to install Chromium (Debian's chromium-headless-shell package)"
+        local debs="$TOOLS/chromium-debs" apt_opts=() packages
+        [ "$(id -u)" = 0 ] && apt_opts=(-o APT::Sandbox::User=root)
+        packages="chromium-headless-shell=$CHROMIUM_DEB_VERSION chromium-common=$CHROMIUM_DEB_VERSION $CHROMIUM_LIBS"
+        log "installing chromium-headless-shell=$CHROMIUM_DEB_VERSION (Debian packages, extracted) into .tools/chromium"
+        rm -rf "$debs" && mkdir -p "$debs"
+        # shellcheck disable=SC2086
+        if ! (cd "$debs" && apt-get "${apt_opts[@]}" download $packages >&2); then
+            log "apt-get download failed; running apt-get update once and retrying"
+            apt-get update >&2 || die "apt-get update failed (it needs root)"
+            # shellcheck disable=SC2086
+            (cd "$debs" && apt-get "${apt_opts[@]}" download $packages >&2) ||
+                die "apt-get download of chromium-headless-shell=$CHROMIUM_DEB_VERSION failed"
+        fi
+        rm -rf "$CHROMIUM_DIR" "$CHROMIUM_DIR.new"
+        local deb
+        for deb in "$debs"/*.deb; do
+            dpkg-deb -x "$deb" "$CHROMIUM_DIR.new" || die "dpkg-deb -x $deb failed"
+        done
+        printf '%s\n' "$CHROMIUM_DEB_VERSION" >"$CHROMIUM_DIR.new/.deb-version"
+        mv "$CHROMIUM_DIR.new" "$CHROMIUM_DIR"
+        rm -rf "$debs"
+    fi
+    [ -x "$CHROMIUM_DIR/usr/lib/chromium/chromium-headless-shell" ] ||
+        die "the chromium-headless-shell package holds no usr/lib/chromium/chromium-headless-shell"
+    cat >"$VENV/bin/chromium-headless-shell" <<'LAUNCHER'
+#!/bin/sh
+# Written by scripts/services.sh: Debian's headless Chromium extracted into .tools/chromium, with its libraries.
+dir="$(cd "$(dirname "$0")/../../chromium" && pwd)"
+LD_LIBRARY_PATH="$dir/usr/lib/x86_64-linux-gnu:$dir/usr/lib/x86_64-linux-gnu/pulseaudio${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    exec "$dir/usr/lib/chromium/chromium-headless-shell" "$@"
+LAUNCHER
+    chmod +x "$VENV/bin/chromium-headless-shell"
+    chromium_ok || die "chromium-headless-shell $CHROMIUM_DEB_VERSION is not usable after installing it"
+}
+
 ensure_installed() {
-    installed_ok && prometheus_ok && return 0
+    installed_ok && prometheus_ok && chromium_ok && return 0
     command -v python3 >/dev/null 2>&1 || die "python3 is not on PATH"
     mkdir -p "$TOOLS"
     # Belt and braces: .tools/ is in .gitignore, and ignores itself too.
@@ -215,8 +274,9 @@ ensure_installed() {
                 die "pip install failed"
             installed_ok || die "installed packages do not match the pinned versions"
         fi
-        # After the venv: a venv created anew above has lost the links into .tools/prometheus.
+        # After the venv: a venv created anew above has lost the links into .tools/prometheus and .tools/chromium.
         prometheus_ok || install_prometheus
+        chromium_ok || install_chromium
     ) 8>"$TOOLS/venv.lock"
 }
 

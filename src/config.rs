@@ -14,7 +14,7 @@ use crate::cache::CacheSettings;
 use crate::http::ConnectionLimits;
 use crate::jetstream::JetStreamSettings;
 use crate::partition::{Partitioning, StreamSettings};
-pub use crate::setting::{LogFormat, Secret, Source};
+pub use crate::setting::{Inspector, LogFormat, Secret, Source};
 use crate::shadow::ShadowSettings;
 use crate::store::{IndexHints, StoreSettings};
 
@@ -225,6 +225,17 @@ pub struct Config {
     /// Bearer token required on /v1/* when set; never logged.
     #[arg(long, env = "HISTORY_VIEW_API_TOKEN", hide_env_values = true, value_parser = secret)]
     pub api_token: Option<Secret>,
+
+    /// The thread inspector page (/inspect/threads/{id}; it shows message text): auto (served unless
+    /// HISTORY_VIEW_API_TOKEN is set, because a browser's page cannot send the token without it being typed in),
+    /// on, or off.
+    #[arg(
+        long,
+        env = "HISTORY_VIEW_INSPECTOR",
+        default_value = "auto",
+        value_enum
+    )]
+    pub inspector: Inspector,
 
     /// Log format: json, text, or auto (text on a terminal, json otherwise). Filtering follows RUST_LOG (default info).
     #[arg(
@@ -1021,6 +1032,7 @@ mod tests {
             ("http-idle-timeout", "HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS"),
             ("shutdown-drain-secs", "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS"),
             ("api-token", "HISTORY_VIEW_API_TOKEN"),
+            ("inspector", "HISTORY_VIEW_INSPECTOR"),
             ("log-format", "HISTORY_VIEW_LOG_FORMAT"),
         ];
         let command = Config::command();

@@ -18,6 +18,8 @@
 //!   state per entry for what its store side is doing).
 //! - [`coverage`]: since when the live stream has covered a thread, so whether a store read may complete a view.
 //! - [`freshness`]: up to when the live stream has been applied (the covered-through instant of an answer).
+//! - [`explain`]: every event of a thread with its fate, joining what the projector recorded with the stored rows'
+//!   metadata (`GET /v1/threads/{id}/history/explain`, and the inspector page over it).
 //! - [`shadow`]: the shadow checks' rules: what a sampled read held, compared with the store (run by [`cache`]).
 //! - [`http`]: the read API, health, readiness, metrics and the OpenAPI document.
 //! - [`config`] (with [`setting`], the value types components share with it), [`telemetry`], [`metrics`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
@@ -26,6 +28,7 @@ pub mod cache;
 pub mod config;
 pub mod coverage;
 pub mod decode;
+pub mod explain;
 pub mod freshness;
 pub mod http;
 pub mod ingest;

@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use md5::{Digest, Md5};
 use serde::Serialize;
 
-use crate::decode::{Body, ErrorType, Part, ViewEvent};
+use crate::decode::{Body, ErrorType, Family, Part, ViewEvent};
 use crate::subject::DeliveryKey;
 
 /// The agent a read is made for (`<agent_class>/<agent_id>` of the OpenAI model name). It gates terminal recovery:
@@ -184,6 +184,61 @@ impl Provenance {
     }
 }
 
+/// What the projector did with one event: what `explain` reports ([design 3.3](../docs/design.md#3.3)). Recorded by
+/// the projector itself as it projects ([`project_view_traced`]), so it cannot disagree with the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Its content joined message `message` (an index into the history).
+    Counted { message: usize },
+    /// On a display no `UserAgent` marker made visible: nothing of it was read.
+    DisplayNotVisible,
+    /// A family member no projector branch takes (a user message or HITL answer not from `UserAgent`).
+    NoBranch,
+    /// Skipped with a metadata-only warning: the rule it broke.
+    Malformed { error_type: ErrorType, rule: Rule },
+    /// A stop event, and what the prefix rule ([contract 7](../docs/contract.md#7)) did with it.
+    Stop(StopFate),
+}
+
+/// The rule a malformed event broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// A delivery-key field is missing or not a non-empty string (ordering validation).
+    KeyField(&'static str),
+    /// `created_at` is not an integer (ordering validation).
+    CreatedAt,
+    /// The one `event_data` field its branch reads (`messages`, `response`, `content`, `question`,
+    /// `output_messages`) failed that branch's rules.
+    Field(&'static str),
+}
+
+/// What the prefix rule did with a stop event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopFate {
+    /// What streamed was a strict prefix of the full answer: the rest joined message `message`.
+    Supplied { message: usize },
+    /// What streamed already was the full answer (or the answer was empty).
+    NothingToAdd,
+    /// What streamed is not a prefix of the full answer: nothing was added.
+    Diverged,
+    /// Not the read's primary agent: its answer is never read.
+    NotPrimary,
+    /// The read has no primary identity: no stop event supplies anything.
+    NoIdentity,
+}
+
+/// The events a traced projection recorded, each with its fate, in the order the projector met them (hidden and
+/// rejected events first).
+pub type Trace<'a> = Vec<(&'a ViewEvent, Fate)>;
+
+/// The rule an event failing ordering validation broke.
+fn validation_rule(event: &ViewEvent) -> Rule {
+    event
+        .key
+        .missing_field()
+        .map_or(Rule::CreatedAt, Rule::KeyField)
+}
+
 /// Displays on which a `UserAgent` marker landed: the client-visible surfaces ([contract
 /// 5.1](../docs/contract.md#5.1)). Computed over every event, malformed ones included: a malformed marker still makes
 /// its display visible.
@@ -228,7 +283,7 @@ pub fn project(events: &[ViewEvent], primary: Option<&Identity>) -> Projection {
         }
     }
     ordered.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.key.cmp(&b.1.key)));
-    let mut projection = build(ordered.into_iter().map(|(_, e)| e), primary, warnings);
+    let mut projection = build(ordered.into_iter().map(|(_, e)| e), primary, warnings, None);
     projection.visible = any_visible;
     projection
 }
@@ -241,31 +296,68 @@ pub fn project_view<'a>(
     rejected: &'a [ViewEvent],
     primary: Option<&Identity>,
 ) -> Projection {
+    projected(ordered, rejected, primary, None)
+}
+
+/// [`project_view`], recording every event's [`Fate`] as it goes.
+pub fn project_view_traced<'a>(
+    ordered: impl Iterator<Item = &'a ViewEvent> + Clone,
+    rejected: &'a [ViewEvent],
+    primary: Option<&Identity>,
+) -> (Projection, Trace<'a>) {
+    let mut trace = Vec::new();
+    let projection = projected(ordered, rejected, primary, Some(&mut trace));
+    (projection, trace)
+}
+
+fn projected<'a>(
+    ordered: impl Iterator<Item = &'a ViewEvent> + Clone,
+    rejected: &'a [ViewEvent],
+    primary: Option<&Identity>,
+    mut trace: Option<&mut Trace<'a>>,
+) -> Projection {
     let visible = visible_displays(ordered.clone().chain(rejected));
-    let warnings = rejected
-        .iter()
-        .filter(|e| visible.contains(e.key.display_id()))
-        .filter_map(|e| {
-            validate(e)
-                .err()
-                .map(|t| Warning::new(e, WarningKind::Malformed(t)))
-        })
-        .collect();
+    let mut warnings = Vec::new();
+    for event in rejected {
+        let shown = visible.contains(event.key.display_id());
+        let error = validate(event).err();
+        if shown && let Some(error) = error {
+            warnings.push(Warning::new(event, WarningKind::Malformed(error)));
+        }
+        if let Some(trace) = trace.as_deref_mut() {
+            let fate = match error {
+                Some(error_type) if shown => Fate::Malformed {
+                    error_type,
+                    rule: validation_rule(event),
+                },
+                _ => Fate::DisplayNotVisible,
+            };
+            trace.push((event, fate));
+        }
+    }
+    if let Some(trace) = trace.as_deref_mut() {
+        let hidden = ordered
+            .clone()
+            .filter(|e| !visible.contains(e.key.display_id()));
+        trace.extend(hidden.map(|e| (e, Fate::DisplayNotVisible)));
+    }
     let mut projection = build(
         ordered.filter(|e| visible.contains(e.key.display_id())),
         primary,
         warnings,
+        trace,
     );
     projection.visible = !visible.is_empty();
     projection
 }
 
 /// The transcript builder of [contract 5.3](../docs/contract.md#5.3) driven by the dispatch of
-/// [5.4](../docs/contract.md#5.4).
+/// [5.4](../docs/contract.md#5.4); with `trace`, each event's [`Fate`] is recorded.
 fn build<'a>(
     events: impl Iterator<Item = &'a ViewEvent>,
     primary: Option<&Identity>,
     mut warnings: Vec<Warning>,
+    mut trace: Option<&mut Trace<'a>>,
 ) -> Projection {
     let mut transcript = Transcript::default();
     let mut finished_runs = BTreeSet::new();
@@ -273,9 +365,14 @@ fn build<'a>(
     for event in events {
         first_visible_at = first_visible_at.or(event.created_at.ok());
         let display = event.key.display_id();
-        let mut warn =
-            |error: ErrorType| warnings.push(Warning::new(event, WarningKind::Malformed(error)));
-        match &event.body {
+        let mut malformed = |error: ErrorType, field: &'static str| {
+            warnings.push(Warning::new(event, WarningKind::Malformed(error)));
+            Fate::Malformed {
+                error_type: error,
+                rule: Rule::Field(field),
+            }
+        };
+        let fate = match &event.body {
             Body::UserMessage(content) => {
                 transcript.start_user_segment(display);
                 for format in &content.unsupported_audio {
@@ -289,7 +386,11 @@ fn build<'a>(
                 match &content.parts {
                     Ok(parts) => transcript.add_user_parts(event, parts.iter().cloned()),
                     Err(error) => {
-                        warnings.push(Warning::new(event, WarningKind::Malformed(*error)))
+                        warnings.push(Warning::new(event, WarningKind::Malformed(*error)));
+                        Fate::Malformed {
+                            error_type: *error,
+                            rule: Rule::Field(Family::UserMessage.field()),
+                        }
                     }
                 }
             }
@@ -302,18 +403,18 @@ fn build<'a>(
                             text: text.to_string(),
                         }],
                     ),
-                    Err(error) => warn(*error),
+                    Err(error) => malformed(*error, Family::HitlResponse.field()),
                 }
             }
             Body::Chunk(text) => match text {
                 Ok(text) => transcript.add_assistant_text(event, text),
-                Err(error) => warn(*error),
+                Err(error) => malformed(*error, Family::Chunk.field()),
             },
             Body::HitlQuestion(text) => {
                 finished_runs.insert(event.key.run_id().into());
                 match text {
                     Ok(text) => transcript.add_assistant_text(event, text),
-                    Err(error) => warn(*error),
+                    Err(error) => malformed(*error, Family::HitlRequest.field()),
                 }
             }
             Body::Stop(full_answer) => {
@@ -323,20 +424,29 @@ fn build<'a>(
                 if primary.is_none() || is_primary {
                     finished_runs.insert(event.key.run_id().into());
                 }
-                if is_primary {
-                    match full_answer {
-                        Ok(full) => {
-                            let suffix = missing_suffix(transcript.streamed(display), full);
-                            if !suffix.is_empty() {
-                                let suffix = suffix.to_owned();
-                                transcript.add_assistant_text(event, &suffix);
+                match full_answer {
+                    _ if primary.is_none() => Fate::Stop(StopFate::NoIdentity),
+                    _ if !is_primary => Fate::Stop(StopFate::NotPrimary),
+                    Ok(full) => match missing_suffix(transcript.streamed(display), full) {
+                        None if !full.is_empty() => Fate::Stop(StopFate::Diverged),
+                        None | Some("") => Fate::Stop(StopFate::NothingToAdd),
+                        Some(suffix) => {
+                            let suffix = suffix.to_owned();
+                            match transcript.add_assistant_text(event, &suffix) {
+                                Fate::Counted { message } => {
+                                    Fate::Stop(StopFate::Supplied { message })
+                                }
+                                other => other,
                             }
                         }
-                        Err(error) => warn(*error),
-                    }
+                    },
+                    Err(error) => malformed(*error, Family::Stop.field()),
                 }
             }
-            Body::Inert => {}
+            Body::Inert => Fate::NoBranch,
+        };
+        if let Some(trace) = trace.as_deref_mut() {
+            trace.push((event, fate));
         }
     }
     let (history, provenance) = transcript.finish(&finished_runs);
@@ -350,11 +460,11 @@ fn build<'a>(
     }
 }
 
-/// The prefix rule ([contract 7](../docs/contract.md#7)): the unstreamed remainder when what streamed is an exact
-/// prefix of the full answer; nothing when they diverge. `str::strip_prefix` compares bytes, so slicing after it is
-/// always on a boundary.
-pub fn missing_suffix<'a>(streamed: &str, full: &'a str) -> &'a str {
-    full.strip_prefix(streamed).unwrap_or("")
+/// The prefix rule ([contract 7](../docs/contract.md#7)): the unstreamed remainder when what streamed is a prefix
+/// of the full answer (empty when it is all of it); `None` when they diverge, and then nothing is added.
+/// `str::strip_prefix` compares bytes, so slicing after it is always on a boundary.
+pub fn missing_suffix<'a>(streamed: &str, full: &'a str) -> Option<&'a str> {
+    full.strip_prefix(streamed)
 }
 
 /// A message being built, with the display it belongs to (merging is per display), its first event and the runs
@@ -404,7 +514,11 @@ impl<'a> Transcript<'a> {
     }
 
     /// Same-role merging is per display: a user message continues only a user message on the same display.
-    fn add_user_parts(&mut self, event: &'a ViewEvent, parts: impl IntoIterator<Item = Part>) {
+    fn add_user_parts(
+        &mut self,
+        event: &'a ViewEvent,
+        parts: impl IntoIterator<Item = Part>,
+    ) -> Fate {
         let display = event.key.display_id();
         self.start_user_segment(display);
         match self.messages.last_mut() {
@@ -416,9 +530,17 @@ impl<'a> Transcript<'a> {
                 .messages
                 .push(Turn::new(Role::User, event, parts.into_iter().collect())),
         }
+        self.counted()
     }
 
-    fn add_assistant_text(&mut self, event: &'a ViewEvent, text: &str) {
+    /// The fate of an event that just joined the last message.
+    fn counted(&self) -> Fate {
+        Fate::Counted {
+            message: self.messages.len() - 1,
+        }
+    }
+
+    fn add_assistant_text(&mut self, event: &'a ViewEvent, text: &str) -> Fate {
         let display = event.key.display_id();
         match self.messages.last_mut() {
             Some(turn) if turn.role == Role::Assistant && turn.display == display => {
@@ -442,6 +564,7 @@ impl<'a> Transcript<'a> {
             .entry(display)
             .or_default()
             .push_str(text);
+        self.counted()
     }
 
     /// The messages and their provenance. A user message is never in progress: its runs are marked finished.
@@ -478,12 +601,12 @@ mod tests {
 
     #[test]
     fn the_prefix_rule_matches_the_live_contract() {
-        assert_eq!(missing_suffix("", "whole answer"), "whole answer");
-        assert_eq!(missing_suffix("whole ", "whole answer"), "answer");
-        assert_eq!(missing_suffix("whole answer", "whole answer"), "");
-        assert_eq!(missing_suffix("diverged", "whole answer"), "");
-        assert_eq!(missing_suffix("", ""), "");
-        assert_eq!(missing_suffix("x", ""), "");
-        assert_eq!(missing_suffix("é", "éa"), "a");
+        assert_eq!(missing_suffix("", "whole answer"), Some("whole answer"));
+        assert_eq!(missing_suffix("whole ", "whole answer"), Some("answer"));
+        assert_eq!(missing_suffix("whole answer", "whole answer"), Some(""));
+        assert_eq!(missing_suffix("diverged", "whole answer"), None);
+        assert_eq!(missing_suffix("", ""), Some(""));
+        assert_eq!(missing_suffix("x", ""), None);
+        assert_eq!(missing_suffix("é", "éa"), Some("a"));
     }
 }

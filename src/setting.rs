@@ -11,6 +11,26 @@ pub enum LogFormat {
     Auto,
 }
 
+/// Whether the thread inspector page is served (`HISTORY_VIEW_INSPECTOR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Inspector {
+    /// Served unless an API token is set (a page behind a token needs the token typed into it).
+    Auto,
+    On,
+    Off,
+}
+
+impl Inspector {
+    /// Whether the page is served, given whether an API token is set.
+    pub fn enabled(self, api_token: bool) -> bool {
+        match self {
+            Inspector::Auto => !api_token,
+            Inspector::On => true,
+            Inspector::Off => false,
+        }
+    }
+}
+
 /// Where live events come from (`HISTORY_VIEW_SOURCE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Source {

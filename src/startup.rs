@@ -133,6 +133,7 @@ impl Application {
             metrics,
             readiness,
             api_token: config.api_token.as_ref().map(TokenDigest::new),
+            inspector: config.inspector.enabled(config.api_token.is_some()),
             reads: Arc::new(Semaphore::new(config.http_max_in_flight)),
             waiting: Arc::new(Semaphore::new(config.http_max_waiting)),
             streams: Arc::new(Semaphore::new(config.http_max_streams)),

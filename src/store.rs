@@ -25,8 +25,9 @@ use mongodb::{Client, Collection, Database};
 
 use crate::coverage::Coverage;
 use crate::decode::{
-    DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, Family, USER_AGENT, ViewEvent, decode_row,
+    DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, Family, USER_AGENT, ViewEvent, decode_row, row_key,
 };
+use crate::explain::RowMeta;
 use crate::metrics::{Labelled, Metrics};
 use crate::shadow::StoredRow;
 use crate::subject::KEY_FIELDS;
@@ -60,10 +61,12 @@ pub enum QueryKind {
     Events(Hydration),
     /// The stored events of displays a live marker made visible (off the read path).
     Fill,
+    /// Every row of a thread, without payloads, for `explain`.
+    Explain,
 }
 
 impl QueryKind {
-    pub const ALL: [QueryKind; 7] = [
+    pub const ALL: [QueryKind; 8] = [
         QueryKind::Markers(Hydration::OnRead),
         QueryKind::Events(Hydration::OnRead),
         QueryKind::Markers(Hydration::Reread),
@@ -71,6 +74,7 @@ impl QueryKind {
         QueryKind::Markers(Hydration::Shadow),
         QueryKind::Events(Hydration::Shadow),
         QueryKind::Fill,
+        QueryKind::Explain,
     ];
 
     /// The `kind` label of `history_view_store_queries_total`.
@@ -83,6 +87,7 @@ impl QueryKind {
             QueryKind::Markers(Hydration::Shadow) => "shadow_markers",
             QueryKind::Events(Hydration::Shadow) => "shadow_events",
             QueryKind::Fill => "fill",
+            QueryKind::Explain => "explain",
         }
     }
 
@@ -92,6 +97,7 @@ impl QueryKind {
             QueryKind::Markers(_) => "markers",
             QueryKind::Events(_) => "events",
             QueryKind::Fill => "fill",
+            QueryKind::Explain => "explain",
         }
     }
 }
@@ -724,6 +730,92 @@ impl StoreReads for Store {
             |event, _| event,
         )
         .await
+    }
+}
+
+impl Store {
+    /// Every row of `thread_id` without its payload, in stage 2's order, for `explain`
+    /// ([design 3.3](../docs/design.md#3.3)): its delivery key, `created_at`, and what the decoder's family filter
+    /// makes of it. One query on the hydration index (its first field is `thread_id`), on the main pool, within
+    /// `bounds` like a hydration (each row counts its key's bytes against the per-thread limit).
+    ///
+    /// # Errors
+    /// [`StoreError`] as for stage 2.
+    pub async fn row_metadata(
+        &self,
+        thread_id: &str,
+        bounds: Bounds,
+    ) -> Result<Vec<RowMeta>, StoreError> {
+        let started = Instant::now();
+        let rows = self
+            .bounded(bounds.deadline, async {
+                let clients = self.clients().await?;
+                self.with_hint_fallback(&self.inner.thread_hint, |hint| {
+                    find_row_metadata(&clients.collection, thread_id, hint, bounds)
+                })
+                .await
+            })
+            .await?;
+        self.record_query(QueryKind::Explain, started.elapsed());
+        Ok(rows)
+    }
+}
+
+/// [`Store::row_metadata`]'s query.
+async fn find_row_metadata(
+    collection: &Collection<RawDocumentBuf>,
+    thread_id: &str,
+    hint: Option<&str>,
+    bounds: Bounds,
+) -> Result<Vec<RowMeta>, StoreError> {
+    let mut projection = doc! {"_id": 0, "event_parents": 1, "event_data.created_at": 1};
+    for field in KEY_FIELDS {
+        projection.insert(field, 1);
+    }
+    let mut action = collection
+        .find(doc! {"thread_id": thread_id})
+        .projection(projection)
+        .sort(events_sort())
+        .max_time(time_left(bounds.deadline));
+    if let Some(hint) = hint {
+        action = action.hint(Hint::Name(hint.to_owned()));
+    }
+    let mut cursor = action.await?;
+    let mut rows = Vec::new();
+    let mut bytes = 0;
+    while cursor.advance().await? {
+        let row = metadata_of(cursor.current());
+        bytes += row.bytes();
+        if bytes > bounds.budget {
+            return Err(StoreError::TooLarge {
+                limit: bounds.budget,
+            });
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// A row's metadata: its key and `created_at` as the decoder reads them, and whether the decoder keeps it. Its
+/// payload fields were not fetched, so the decoded body is dropped.
+fn metadata_of(row: &mongodb::bson::RawDocument) -> RowMeta {
+    match decode_row(row) {
+        Decoded::Event(event) => RowMeta {
+            created_at: event.created_at.ok(),
+            relevant: true,
+            marker: event.is_marker(),
+            key: event.key,
+        },
+        Decoded::Irrelevant => RowMeta {
+            key: row_key(row),
+            created_at: match row.get_document("event_data").map(|d| d.get("created_at")) {
+                Ok(Ok(Some(RawBsonRef::Int64(n)))) => Some(n),
+                Ok(Ok(Some(RawBsonRef::Int32(n)))) => Some(i64::from(n)),
+                _ => None,
+            },
+            relevant: false,
+            marker: false,
+        },
     }
 }
 

@@ -12,7 +12,7 @@ use hashbrown::HashTable;
 
 use crate::coverage::Epoch;
 use crate::decode::ViewEvent;
-use crate::project::{self, Identity, Projection};
+use crate::project::{self, Identity, Projection, Trace};
 use crate::subject::DeliveryKey;
 
 /// Whether a view can answer a read on its own.
@@ -254,14 +254,29 @@ impl ThreadView {
     /// of order since the last projection.
     pub fn project(&mut self, primary: Option<&Identity>) -> Projection {
         self.sort_order();
+        self.project_sorted(primary)
+    }
+
+    /// [`ThreadView::project`] of a view sorted ([`ThreadView::sort_order`]) since its last change.
+    pub fn project_sorted(&self, primary: Option<&Identity>) -> Projection {
+        debug_assert_eq!(self.sorted, self.order.len(), "sorted before projecting");
         let events = &self.events;
         let ordered = self.order.iter().map(|&at| &events[at as usize]);
         project::project_view(ordered, &self.rejected, primary)
     }
 
+    /// [`ThreadView::project`] with every event's fate ([`project::project_view_traced`]); the view must be sorted
+    /// ([`ThreadView::sort_order`]) since its last change.
+    pub fn project_traced(&self, primary: Option<&Identity>) -> (Projection, Trace<'_>) {
+        debug_assert_eq!(self.sorted, self.order.len(), "sorted before projecting");
+        let events = &self.events;
+        let ordered = self.order.iter().map(|&at| &events[at as usize]);
+        project::project_view_traced(ordered, &self.rejected, primary)
+    }
+
     /// Sorts the projection order. The sorted part is one run, so the sort costs O(n + k log k) for k events
     /// appended out of order (keys are unique, so no two events compare equal).
-    fn sort_order(&mut self) {
+    pub fn sort_order(&mut self) {
         if self.sorted < self.order.len() {
             let events = &self.events;
             self.order.sort_by(|&a, &b| {

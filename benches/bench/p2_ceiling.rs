@@ -101,6 +101,7 @@ async fn serve(
         metrics: metrics.clone(),
         readiness: Readiness::new(coverage),
         api_token: None,
+        inspector: false,
         openapi: openapi_json().expect("the OpenAPI document"),
         reads: Arc::new(tokio::sync::Semaphore::new(config.http_max_in_flight)),
         waiting: Arc::new(tokio::sync::Semaphore::new(config.http_max_waiting)),

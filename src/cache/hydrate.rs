@@ -13,10 +13,11 @@ use super::work::{Begin, Outcome, Ticket};
 use super::{LimitPath, ReadError, ViewCache};
 use crate::coverage::{Stamp, Verdict};
 use crate::decode::ViewEvent;
+use crate::explain::RowMeta;
 use crate::freshness;
 use crate::metrics::RereadResult;
 use crate::project::Identity;
-use crate::store::{Bounds, Hydration, StoreError, StoreReads, VisibleDisplays};
+use crate::store::{Bounds, Hydration, Store, StoreError, StoreReads, VisibleDisplays};
 use crate::view::{ThreadView, ViewState, display_bytes};
 
 impl<S: StoreReads> ViewCache<S> {
@@ -257,5 +258,29 @@ impl<S: StoreReads> ViewCache<S> {
                 }
             }
         }
+    }
+}
+
+impl ViewCache<Store> {
+    /// Every stored row of `thread_id` without its payload, for `explain` ([`Store::row_metadata`]): bounded like
+    /// a hydration (a slot, the store timeout, `HISTORY_VIEW_MAX_THREAD_BYTES`).
+    ///
+    /// # Errors
+    /// [`ReadError`] as for a hydration.
+    pub async fn row_metadata(&self, thread_id: &str) -> Result<Vec<RowMeta>, ReadError> {
+        let deadline = Instant::now() + self.settings.store_timeout;
+        let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
+        else {
+            self.metrics.hydration_slot_timeout();
+            return Err(ReadError::Busy);
+        };
+        let bounds = Bounds {
+            deadline,
+            budget: self.settings.max_thread_bytes,
+        };
+        self.store
+            .row_metadata(thread_id, bounds)
+            .await
+            .map_err(|error| self.limit_met(error, thread_id).into())
     }
 }

@@ -12,8 +12,9 @@ use serde::Serialize;
 pub use super::etag::etag_of;
 use super::items::Items;
 use super::transcript::Transcript;
+use crate::explain::ViewFates;
 use crate::metrics::Metrics;
-use crate::project::{HistoryMessage, Identity, Projection};
+use crate::project::{HistoryMessage, Identity, Projection, Trace};
 use crate::view::ThreadView;
 
 /// Where a read's answer came from; also the `X-History-Source` header.
@@ -101,7 +102,11 @@ impl Facts {
 /// A form a view is rendered in: the history body, or the Conversations items ([`Items`]). Each is rendered from
 /// a projection at most once per view version and identity, and kept until the view changes.
 pub trait Form: Sized {
-    fn render(thread_id: &str, projection: &Projection) -> Self;
+    /// Whether this form needs each event's fate: its projection is then traced
+    /// ([`crate::project::project_view_traced`]).
+    const TRACED: bool = false;
+    /// Renders the form from a projection of the view, and its trace when [`Form::TRACED`] (empty otherwise).
+    fn render(thread_id: &str, projection: &Projection, trace: &Trace<'_>) -> Self;
     /// Where a rendering keeps this form.
     fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>>;
     /// Bytes held, for the cache's weigher.
@@ -118,6 +123,7 @@ pub struct Forms {
     history: Option<Arc<HistoryBody>>,
     items: Option<Arc<Items>>,
     transcript: Option<Arc<Transcript>>,
+    fates: Option<Arc<ViewFates>>,
 }
 
 impl Forms {
@@ -125,6 +131,7 @@ impl Forms {
         self.history.as_ref().map_or(0, |h| h.bytes())
             + self.items.as_ref().map_or(0, |i| i.bytes())
             + self.transcript.as_ref().map_or(0, |t| t.bytes())
+            + self.fates.as_ref().map_or(0, |f| f.bytes())
     }
 }
 
@@ -138,7 +145,7 @@ pub struct HistoryBody {
 }
 
 impl Form for HistoryBody {
-    fn render(thread_id: &str, projection: &Projection) -> Self {
+    fn render(thread_id: &str, projection: &Projection, _trace: &Trace<'_>) -> Self {
         let body = serde_json::to_vec(&HistoryJson {
             thread_id,
             messages: &projection.history.messages,
@@ -161,7 +168,7 @@ impl Form for HistoryBody {
 }
 
 impl Form for Items {
-    fn render(_thread_id: &str, projection: &Projection) -> Self {
+    fn render(_thread_id: &str, projection: &Projection, _trace: &Trace<'_>) -> Self {
         Items::new(projection)
     }
 
@@ -175,7 +182,7 @@ impl Form for Items {
 }
 
 impl Form for Transcript {
-    fn render(_thread_id: &str, projection: &Projection) -> Self {
+    fn render(_thread_id: &str, projection: &Projection, _trace: &Trace<'_>) -> Self {
         Transcript::new(projection)
     }
 
@@ -189,6 +196,22 @@ impl Form for Transcript {
 
     fn digests(&self) -> Option<Arc<[u64]>> {
         Some(Arc::clone(&self.digests))
+    }
+}
+
+impl Form for ViewFates {
+    const TRACED: bool = true;
+
+    fn render(_thread_id: &str, projection: &Projection, trace: &Trace<'_>) -> Self {
+        ViewFates::new(projection, trace)
+    }
+
+    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>> {
+        &mut forms.fates
+    }
+
+    fn bytes(&self) -> usize {
+        ViewFates::bytes(self)
     }
 }
 
@@ -239,7 +262,16 @@ impl Rendering {
     ) -> Answer<F> {
         let version = view.version();
         self.rendered.retain(|r| r.version == version);
-        let (at, projection) = match self
+        view.sort_order();
+        let view: &ThreadView = view;
+        let project = || {
+            if F::TRACED {
+                view.project_traced(primary)
+            } else {
+                (view.project_sorted(primary), Vec::new())
+            }
+        };
+        let (at, projected) = match self
             .rendered
             .iter()
             .position(|r| r.primary.as_ref() == primary)
@@ -249,7 +281,7 @@ impl Rendering {
                 if self.rendered.len() == RENDERED_IDENTITIES {
                     self.rendered.remove(0);
                 }
-                let projection = view.project(primary);
+                let (projection, trace) = project();
                 metrics.malformed_warnings(log_new_warnings(&mut self.warned, &projection));
                 self.rendered.push(Rendered {
                     version,
@@ -257,7 +289,7 @@ impl Rendering {
                     facts: Arc::new(Facts::of(&projection)),
                     forms: Forms::default(),
                 });
-                (self.rendered.len() - 1, Some(projection))
+                (self.rendered.len() - 1, Some((projection, trace)))
             }
         };
         let rendered = &mut self.rendered[at];
@@ -266,8 +298,9 @@ impl Rendering {
             slot => {
                 // Only another form of this version was rendered: project again for this one (its warnings were
                 // logged when the first form was rendered).
-                let projection = projection.unwrap_or_else(|| view.project(primary));
-                let body = Arc::clone(slot.insert(Arc::new(F::render(thread_id, &projection))));
+                let (projection, trace) = projected.unwrap_or_else(project);
+                let body =
+                    Arc::clone(slot.insert(Arc::new(F::render(thread_id, &projection, &trace))));
                 if let Some(digests) = body.digests() {
                     if self.recent.len() == RECENT_DIGESTS {
                         self.recent.pop_front();

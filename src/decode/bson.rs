@@ -24,11 +24,7 @@ pub const EVENT_DATA_FIELDS: [&str; 1 + Family::ALL.len()] = {
 /// Decodes one persisted row. The delivery key comes from the row's top-level fields (`event_id` is the row's, which
 /// aihub takes from the payload); a missing or non-string field is kept empty and reported by the projector.
 pub fn decode_row(row: &RawDocument) -> Decoded {
-    let text = |name: &str| match row.get(name) {
-        Ok(Some(RawBsonRef::String(s))) => s,
-        _ => "",
-    };
-    let key = DeliveryKey::from_fields(KEY_FIELDS.map(text));
+    let key = row_key(row);
     let mut families = Families::default();
     if let Ok(Some(RawBsonRef::Array(parents))) = row.get("event_parents") {
         for parent in parents.into_iter().flatten() {
@@ -56,6 +52,15 @@ pub fn decode_row(row: &RawDocument) -> Decoded {
         created_at,
         body: body(branch, field.as_ref()),
     })
+}
+
+/// A row's delivery key, from its top-level fields; a missing or non-string field is kept empty.
+pub fn row_key(row: &RawDocument) -> DeliveryKey {
+    let text = |name: &str| match row.get(name) {
+        Ok(Some(RawBsonRef::String(s))) => s,
+        _ => "",
+    };
+    DeliveryKey::from_fields(KEY_FIELDS.map(text))
 }
 
 /// Converts a BSON value into the JSON model the field rules read.

@@ -25,7 +25,7 @@ use std::fmt;
 use serde::Serialize;
 use serde_json::Value;
 
-pub use self::bson::{EVENT_DATA_FIELDS, decode_row};
+pub use self::bson::{EVENT_DATA_FIELDS, decode_row, row_key};
 pub use self::family::Family;
 pub use self::json::{MAX_STORED_DEPTH, decode_payload};
 

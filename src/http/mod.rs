@@ -3,6 +3,7 @@
 
 mod conversations;
 mod error;
+mod explain;
 mod feed;
 mod history;
 mod operations;
@@ -39,6 +40,8 @@ pub struct AppState {
     pub readiness: Readiness,
     /// When set, `/v1/*` requires `Authorization: Bearer <token>`.
     pub api_token: Option<TokenDigest>,
+    /// Whether `/inspect/threads/{thread_id}` serves the inspector page (`HISTORY_VIEW_INSPECTOR`).
+    pub inspector: bool,
     /// The OpenAPI document as JSON, served at `/openapi.json`.
     pub openapi: Bytes,
     /// One permit per history read answered at once (`HISTORY_VIEW_HTTP_MAX_IN_FLIGHT`).
@@ -73,6 +76,10 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
             axum::routing::post(history::verify),
         )
         .route(
+            "/v1/threads/{thread_id}/history/explain",
+            get(explain::explain),
+        )
+        .route(
             "/v1/conversations/{thread_id}",
             get(conversations::get_conversation),
         )
@@ -96,6 +103,7 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
     let api = Router::new()
         .merge(api)
         .merge(feeds)
+        .route("/inspect/threads/{thread_id}", get(explain::inspector))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), count_errors));
     operations(api).with_state(state)

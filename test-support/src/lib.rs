@@ -9,6 +9,7 @@
 //! - [`scrape`] and [`memory`]: reading `/metrics` and a process's memory and CPU time;
 //! - [`turns`] and [`hot_thread`]: the multi-turn read pattern and the hot-thread scenario (tests and P7, P8).
 
+pub mod browser;
 pub mod class_streams;
 pub mod hot_thread;
 pub mod memory;

@@ -1,8 +1,8 @@
 //! Every conformance case through the paths it names, end to end: `store` (rows in a fresh database, the binary
 //! as a separate process with a cold cache, read over HTTP) and `live` (rows published on a real nats-server,
 //! nothing in the store, read over HTTP once consumed). Each is also read as Conversations items, paged in both
-//! orders (the `items` read path of each), and each live case streams through the feed, opened before its first
-//! event, to its expected history (the `feed` path).
+//! orders (the `items` read path of each), explained (the `explain` path of each: [`crate::explain`]), and each
+//! live case streams through the feed, opened before its first event, to its expected history (the `feed` path).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use crate::cases::{self, Case};
+use crate::explain::check_explain;
 use crate::helpers::{Api, BinaryApp, Reply, TestStore, encode, publish_rows, unique};
 use test_support::servers::{MongoServer, NatsServer};
 
@@ -112,6 +113,9 @@ async fn every_store_case_passes_end_to_end() {
             if let Some(failure) = check_items(&case, "store", &app.api).await {
                 return Some(failure);
             }
+            if let Some(failure) = check_explain(&case, "store", &app.api).await {
+                return Some(failure);
+            }
             (reply.source() != Some("store"))
                 .then(|| format!("{}: a cold read must come from the store", case.name))
         }
@@ -178,6 +182,11 @@ where
         return Some(failure);
     }
     if let Some(failure) = check_items(&case, path, &app.api).await {
+        return Some(failure);
+    }
+    // Persisted now, as aihub's persister would: explain joins the view with the stored rows.
+    store.insert_rows(&case.rows).await;
+    if let Some(failure) = check_explain(&case, path, &app.api).await {
         return Some(failure);
     }
     let streamed = feed

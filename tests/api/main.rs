@@ -10,6 +10,8 @@ mod properties;
 mod threads;
 // Conformance cases end to end through the store and live paths.
 mod conformance;
+// `explain` held to every conformance case; the inspector page in a real browser.
+mod explain;
 // Test applications and helpers.
 mod helpers;
 // The store path: index use, missing index, outage, operator characters.

@@ -438,6 +438,16 @@ async fn the_owner_frozen_killed_and_restarted_leaves_every_read_answered() {
     let expected = deployment.answered(&thread).await;
     let served = read_until_cache(deployment.api(0), &thread, "").await;
     assert_eq!(served.json()["messages"], expected);
+    // Explain through a worker that does not own the thread: forwarded, answered from the owner's view.
+    let explained = crate::explain::explain(deployment.api(0), &thread, "").await;
+    assert_eq!(explained.status, 200, "{}", explained.body);
+    assert_eq!(explained.source(), Some("cache"), "{}", explained.body);
+    assert_eq!(
+        explained.json()["counts"]["counted"],
+        2,
+        "{}",
+        explained.body
+    );
 
     // Frozen: the forwarded read gets no answer; the store answers within the read's time (1.5 s + the store read).
     deployment.workers[2].as_ref().unwrap().pause();
