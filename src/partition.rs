@@ -58,11 +58,19 @@ impl Partitioning {
         }
     }
 
-    /// The source of one class stream, from `since` on (server time; what the class stream held before is covered
-    /// by the store, [design 2.1](../docs/design.md#2.1)).
-    pub fn source(&self, class_stream: &str, since: SystemTime) -> Source {
+    /// The source of one class stream from its message `next_sequence` on (its last sequence plus one, read before
+    /// `since` was taken), with `since` as the instant coverage may start from (what the class stream held before
+    /// is covered by the store, [design 2.1](../docs/design.md#2.1)).
+    ///
+    /// Chosen: a start *sequence*, not a start time alone. A source started by time is set up by nats-server at the
+    /// later of that time and the partitioned stream's last message time (`trySetupSourceConsumer`,
+    /// nats-io/nats-server#8387); a stream creating many sources one by one while another source already stored
+    /// messages starts the later ones after their first messages, which are never copied, with no gap to see
+    /// (every source then reports lag 0). A start sequence is used as it is.
+    pub fn source(&self, class_stream: &str, since: SystemTime, next_sequence: u64) -> Source {
         Source {
             name: class_stream.to_owned(),
+            start_sequence: Some(next_sequence),
             start_time: Some(since.into()),
             subject_transforms: vec![self.transform()],
             ..Source::default()
@@ -198,7 +206,7 @@ mod tests {
             replicas: 1,
         };
         let now = SystemTime::now();
-        let ours = settings.config(vec![p.source("agent_A_stream", now)]);
+        let ours = settings.config(vec![p.source("agent_A_stream", now, 1)]);
         assert!(p.check("S", &ours).is_ok());
         for other in [
             Partitioning {
@@ -210,7 +218,7 @@ mod tests {
                 ..p.clone()
             },
         ] {
-            let theirs = settings.config(vec![other.source("agent_A_stream", now)]);
+            let theirs = settings.config(vec![other.source("agent_A_stream", now, 1)]);
             let error = p.check("S", &theirs).unwrap_err();
             assert!(error.contains("HISTORY_VIEW_PARTITIONS=3"), "{error}");
         }

@@ -197,11 +197,7 @@ impl JetStreamSource {
                 .cloned()
                 .map_err(|e| Unbound::Later(e.to_string()))?,
             Err(error) if is_not_found(&error) && settings.create => {
-                let now = SystemTime::now();
-                let sources = class_streams
-                    .iter()
-                    .map(|name| partitioning.source(name, now))
-                    .collect();
+                let sources = self.sources_from_now(partitioning, class_streams).await?;
                 return match context.create_stream(settings.config(sources)).await {
                     Ok(mut stream) => {
                         tracing::info!(stream = %settings.name, partitions = partitioning.partitions, "created the partitioned stream");
@@ -233,17 +229,38 @@ impl JetStreamSource {
         if missing.is_empty() || !settings.create {
             return Ok(info);
         }
-        let now = SystemTime::now();
+        let missing: Vec<String> = missing.into_iter().cloned().collect();
+        let added = self.sources_from_now(partitioning, &missing).await?;
         let mut config = info.config.clone();
-        config
-            .sources
-            .get_or_insert_with(Vec::new)
-            .extend(missing.iter().map(|name| partitioning.source(name, now)));
+        config.sources.get_or_insert_with(Vec::new).extend(added);
         tracing::info!(class_streams = ?missing, "adding class streams to the partitioned stream's sources");
         context
             .update_stream(config)
             .await
             .map_err(|e| Unbound::Later(e.to_string()))
+    }
+
+    /// Sources for `class_streams` from now on: each from the sequence after its last one, read before the instant
+    /// coverage may start from is taken (so every message stored after that instant is sourced).
+    async fn sources_from_now(
+        &self,
+        partitioning: &Partitioning,
+        class_streams: &[String],
+    ) -> Result<Vec<async_nats::jetstream::stream::Source>, Unbound> {
+        let mut next = Vec::with_capacity(class_streams.len());
+        for name in class_streams {
+            let info = self
+                .stream_info(name)
+                .await
+                .map_err(|e| Unbound::Later(format!("{name}: {e}")))?;
+            next.push(info.state.last_sequence + 1);
+        }
+        let now = SystemTime::now();
+        Ok(class_streams
+            .iter()
+            .zip(next)
+            .map(|(name, next)| partitioning.source(name, now, next))
+            .collect())
     }
 
     /// Starts coverage on the partitioned stream: as for a class stream, and no earlier than the latest start of

@@ -63,6 +63,11 @@ impl Browser {
                 "--disable-gpu",
                 "--disable-dev-shm-usage",
                 "--no-first-run",
+                // The machine's network is closed: no background connections, updates or sync attempts.
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-quic",
                 "--remote-debugging-pipe",
                 "--window-size=1280,900",
             ])
