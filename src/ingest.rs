@@ -88,10 +88,14 @@ impl Ingest {
     ) -> Result<(), ()> {
         self.readiness.set_subscribed(true);
         let mut reply: Option<u64> = None;
+        // One cancellation future for the whole loop: a new one per message would register with the token and
+        // deregister again (a lock each) for every event.
+        let stopped = stop.cancelled();
+        tokio::pin!(stopped);
         loop {
             tokio::select! {
                 biased;
-                () = stop.cancelled() => break,
+                () = &mut stopped => break,
                 message = subscriber.next() => match message {
                     Some(message) => self.handle(message).await,
                     None => {

@@ -5,7 +5,7 @@
 //! `UserAgent` HITL answer lands on it later, and its earlier events must then appear.
 
 use std::collections::HashSet;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::LazyLock;
 
 use hashbrown::HashTable;
@@ -37,12 +37,13 @@ pub enum Inserted {
 const VIEW_OVERHEAD_BYTES: usize = 256;
 /// Per-event bookkeeping beyond the event itself: its slot in the key index (with the table's spare capacity) and
 /// in the projection order.
-const BOOKKEEPING_BYTES: usize = 16;
+const BOOKKEEPING_BYTES: usize = 20;
 /// Marks a slot of [`ThreadView::index`] as a position in `rejected` rather than in `events`.
 const REJECTED: u32 = 1 << 31;
 
 /// The key hasher: keyed per process, so that colliding delivery keys cannot be prepared in advance.
-static KEY_HASHER: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+static KEY_HASHER: LazyLock<foldhash::quality::RandomState> =
+    LazyLock::new(foldhash::quality::RandomState::default);
 
 /// One thread's events in compact form.
 ///
@@ -61,9 +62,10 @@ pub struct ThreadView {
     /// Events that failed ordering validation: never projected, but they count for visibility and are warned
     /// about once visible. Unique keys.
     rejected: Vec<ViewEvent>,
-    /// Every key held, as its position in `events` (or in `rejected`, tagged with [`REJECTED`]): duplicate checks
-    /// compare keys exactly, in O(1).
-    index: HashTable<u32>,
+    /// Every key held, as its position in `events` (or in `rejected`, tagged with [`REJECTED`]) in the low 32 bits
+    /// and 32 bits of its key's hash in the high ones ([`indexed`]): duplicate checks compare keys exactly, in O(1),
+    /// and the table grows without hashing a key again.
+    index: HashTable<u64>,
     /// Approximate heap and inline bytes held, for the cache's byte budget.
     bytes: usize,
     /// The coverage epoch the view became complete at; `None` while partial. A later gap, or a removal in the
@@ -105,8 +107,20 @@ impl Default for ThreadView {
     }
 }
 
-fn key_hash(key: &DeliveryKey) -> u64 {
-    KEY_HASHER.hash_one(key)
+/// 32 bits of a key's hash: what the index keeps of it.
+fn key_hash(key: &DeliveryKey) -> u32 {
+    (KEY_HASHER.hash_one(key) >> 32) as u32
+}
+
+/// The hash the index's table uses for a key hash: the 32 bits in both halves (the table takes its bucket from
+/// the low bits and its control byte from the top ones).
+fn table_hash(hash: u32) -> u64 {
+    u64::from(hash) * 0x0000_0001_0000_0001
+}
+
+/// An index entry: `slot` with its key's hash.
+fn indexed(slot: u32, hash: u32) -> u64 {
+    (u64::from(hash) << 32) | u64::from(slot)
 }
 
 /// The projection order of a validated event.
@@ -213,11 +227,13 @@ impl ThreadView {
         let hash = key_hash(&event.key);
         let valid = project::validate(&event).ok();
         let (events, rejected) = (&self.events, &self.rejected);
-        let held = |slot: &u32| {
-            (slot & REJECTED == 0) == valid.is_some()
-                && *slot_key(events, rejected, *slot) == event.key
+        let held = |entry: &u64| {
+            let slot = *entry as u32;
+            (entry >> 32) as u32 == hash
+                && (slot & REJECTED == 0) == valid.is_some()
+                && *slot_key(events, rejected, slot) == event.key
         };
-        if self.index.find(hash, held).is_some() {
+        if self.index.find(table_hash(hash), held).is_some() {
             return Inserted::Duplicate;
         }
         self.bytes += event_bytes(&event);
@@ -242,10 +258,10 @@ impl ThreadView {
                 at
             }
         };
-        let (events, rejected) = (&self.events, &self.rejected);
-        self.index.insert_unique(hash, slot, |slot| {
-            key_hash(slot_key(events, rejected, *slot))
-        });
+        self.index
+            .insert_unique(table_hash(hash), indexed(slot, hash), |entry| {
+                table_hash((entry >> 32) as u32)
+            });
         self.version += 1;
         Inserted::Added
     }

@@ -37,6 +37,11 @@ use report::{Row, progress};
 use setup::{Settings, Setup};
 
 fn main() {
+    // P1 runs this binary again as its bare subscriber, a process of its own.
+    if let Ok(spec) = std::env::var(p1_ingest::BARE_SUBSCRIBER_ENV) {
+        p1_ingest::bare_subscriber_process(&spec);
+        return;
+    }
     // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it,
     // and there it only proves that the benchmark compiles.
     if !std::env::args().any(|arg| arg == "--bench") {

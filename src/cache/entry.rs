@@ -41,6 +41,13 @@ pub struct Entry {
     view: Mutex<ThreadView>,
     /// Live events that arrived while the view was locked; applied by the view's holder.
     waiting: Mutex<Vec<ViewEvent>>,
+    /// Set (under `waiting`'s lock) when an event is pushed there, cleared when the events are taken: a holder
+    /// skips locking `waiting` while it is clear, except for its last check as it lets go, which always locks (that
+    /// check is what leaves no event behind).
+    has_waiting: AtomicBool,
+    /// Readers waiting for the view to change ([`Entry::listen`]): a holder that changed it notifies only when
+    /// there are any (`Notify::notify_waiters` takes a lock).
+    listeners: AtomicUsize,
     /// The view's bytes, updated by every holder as it lets go.
     pub view_bytes: AtomicUsize,
     /// The bytes of the renderings held.
@@ -101,7 +108,14 @@ impl<'a> ViewGuard<'a> {
 
     /// Inserts the waiting events, in arrival order, counting each as the live path would have.
     fn apply_waiting(&mut self) {
-        let waiting = std::mem::take(&mut *lock(&self.entry.waiting));
+        if !self.entry.has_waiting.load(Ordering::Acquire) {
+            return;
+        }
+        let waiting = {
+            let mut waiting = lock(&self.entry.waiting);
+            self.entry.has_waiting.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *waiting)
+        };
         for event in waiting {
             let outcome = match self.insert(event) {
                 Inserted::Added => EventOutcome::Relevant,
@@ -133,8 +147,12 @@ impl Drop for ViewGuard<'_> {
             let version = self.version();
             drop(self.view.take());
             if version != self.taken_at {
-                self.entry.version.store(version, Ordering::Release);
-                self.entry.changed.notify_waiters();
+                // SeqCst with the listener count's load, as in `Entry::listen`: a listener that compared the
+                // version before this store is counted by the load after it.
+                self.entry.version.store(version, Ordering::SeqCst);
+                if self.entry.listeners.load(Ordering::SeqCst) > 0 {
+                    self.entry.changed.notify_waiters();
+                }
                 self.taken_at = version;
             }
             // An event pushed after the last check, while this guard still held the view, waits for a holder:
@@ -150,6 +168,15 @@ impl Drop for ViewGuard<'_> {
                 None => return,
             }
         }
+    }
+}
+
+/// A reader counted as waiting for an entry's view to change ([`Entry::listen`]).
+pub struct Listening<'a>(&'a Entry);
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        self.0.listeners.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -186,6 +213,8 @@ impl Entry {
             view_bytes: AtomicUsize::new(view.bytes()),
             view: Mutex::new(view),
             waiting: Mutex::new(Vec::new()),
+            has_waiting: AtomicBool::new(false),
+            listeners: AtomicUsize::new(0),
             rendered_bytes: AtomicUsize::new(0),
             charged: AtomicUsize::new(0),
             rendering: Mutex::new(Rendering::default()),
@@ -229,7 +258,11 @@ impl Entry {
     /// complete view uncovered (a fill is due), or `None` if the event waits.
     pub fn apply_live(&self, event: ViewEvent, metrics: &Metrics) -> Option<(Inserted, bool)> {
         let Some(view) = self.try_lock_view() else {
-            lock(&self.waiting).push(event);
+            {
+                let mut waiting = lock(&self.waiting);
+                waiting.push(event);
+                self.has_waiting.store(true, Ordering::Release);
+            }
             // The holder may have checked the waiting events just before this push and be letting go now: take
             // the view if it is free, so the event does not wait for the next holder.
             if let Some(view) = self.try_lock_view() {
@@ -267,6 +300,14 @@ impl Entry {
     ) -> Option<std::sync::Arc<[u64]>> {
         let _view = lock(&self.view);
         lock(&self.rendering).recent_digests(version, primary)
+    }
+
+    /// Counts a reader waiting for the view to change until the returned guard is dropped. Count first, then
+    /// compare the view's version (SeqCst): a holder stores the new version, then loads the count (SeqCst), so
+    /// either the reader sees the new version or the holder sees the reader and notifies.
+    pub fn listen(&self) -> Listening<'_> {
+        self.listeners.fetch_add(1, Ordering::SeqCst);
+        Listening(self)
     }
 
     /// Forgets the last rendering (its memory is freed now, whoever still holds the entry).

@@ -136,7 +136,7 @@ impl LimitPath {
 /// The view cache and the store behind it (MongoDB's [`Store`]; an in-memory fake in the unit tests). Cloning is
 /// cheap.
 pub struct ViewCache<S = Store> {
-    cache: Cache<String, Arc<Entry>>,
+    cache: Cache<String, Arc<Entry>, foldhash::quality::RandomState>,
     store: Arc<S>,
     settings: Arc<CacheSettings>,
     metrics: Metrics,
@@ -189,7 +189,7 @@ impl<S: StoreReads> ViewCache<S> {
             .max_capacity(settings.max_bytes)
             .weigher(|_thread: &String, entry: &Arc<Entry>| entry.charge())
             .time_to_idle(settings.idle)
-            .build();
+            .build_with_hasher(foldhash::quality::RandomState::default());
         let (fills, requests) = mpsc::channel(FILL_QUEUE);
         metrics.cache_budget(settings.max_bytes);
         metrics.preset(Labelled::ReadSource, &Source::ALL.map(Source::label));
@@ -304,10 +304,13 @@ impl<S: StoreReads> ViewCache<S> {
         if entry.generation != generation {
             return;
         }
+        // Counted before the version is compared: a holder that changes the view after this comparison sees the
+        // listener and notifies ([`entry::Listening`]).
+        let _listening = entry.listen();
         let notified = entry.changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if entry.version.load(Ordering::Acquire) != version {
+        if entry.version.load(Ordering::SeqCst) != version {
             return;
         }
         let _ = tokio::time::timeout_at(until, notified).await;

@@ -373,10 +373,13 @@ impl JetStreamSource {
         let mut delivered = 0u64;
         let mut identity = tokio::time::interval(DISCOVERY_INTERVAL);
         identity.tick().await;
+        // One cancellation future for the whole loop, not one registered and dropped per message.
+        let stopped = stop.cancelled();
+        tokio::pin!(stopped);
         loop {
             tokio::select! {
                 biased;
-                () = stop.cancelled() => return Ended::Stopped,
+                () = &mut stopped => return Ended::Stopped,
                 _ = epochs.changed() => {
                     tracing::debug!(stream = name, "the connection was lost; resuming the consumer");
                     return Ended::Resume { progressed: delivered > 0 };
