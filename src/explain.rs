@@ -240,11 +240,13 @@ pub fn explain<'a>(
     });
 
     let mut visible: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    // Displays in order of first appearance (a set beside, so a thread of many displays stays linear).
     let mut seen_displays: Vec<&str> = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
     let mut first: HashMap<&DeliveryKey, usize> = HashMap::new();
     for (at, entry) in entries.iter().enumerate() {
         let display = entry.key.display_id();
-        if !seen_displays.contains(&display) {
+        if seen.insert(display) {
             seen_displays.push(display);
         }
         if entry.marker && entry.relevant {
