@@ -5,31 +5,16 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use chat_history_view::decode::Family;
+use chat_history_view::subject::KEY_FIELDS;
 use serde_json::Value;
 
 use crate::cases::Case;
 use crate::conformance::query;
 use crate::helpers::{Api, encode};
 
-const KEY_FIELDS: [&str; 8] = [
-    "agent_class",
-    "agent_id",
-    "thread_id",
-    "display_id",
-    "run_id",
-    "event_type",
-    "event_name",
-    "event_id",
-];
-
-const MARKER_PARENTS: [&str; 2] = ["UserMessageEvent", "HumanInTheLoopResponseEvent"];
-const FAMILY_PARENTS: [&str; 5] = [
-    "UserMessageEvent",
-    "HumanInTheLoopResponseEvent",
-    "ChunkEvent",
-    "HumanInTheLoopRequestEvent",
-    "StopEvent",
-];
+const MARKER_PARENTS: [&str; 2] = Family::parents(Family::MARKERS);
+const FAMILY_PARENTS: [&str; 5] = Family::parents(Family::ALL);
 
 /// `GET /v1/threads/{thread}/history/explain?{query}`.
 pub async fn explain(api: &Api, thread: &str, query: &str) -> crate::helpers::Reply {
@@ -304,60 +289,26 @@ const PAGE_TRANSCRIPT: &str = r#"Array.from(document.querySelectorAll('#transcri
     content: Array.from(m.querySelectorAll('.part')).map(p => ({type: p.dataset.type, text: p.textContent}))
 }))"#;
 
-/// A stop event of `agent` whose last output message says `text`.
-fn stop_row(
-    thread: &str,
-    display: &str,
-    agent: &str,
-    event_id: &str,
-    created_at: i64,
-    text: &str,
-) -> Value {
-    test_support::rows::Event {
-        agent: (agent, "a1"),
-        thread,
-        display,
-        run: "run-1",
-        event_id,
-        name: "LLMStopEvent",
-        parents: test_support::rows::LLM_STOP,
-        created_at,
-    }
-    .row(serde_json::json!({
-        "output_messages": [{"role": "assistant", "contents": [{"type": "text", "text": text}]}]
-    }))
-}
-
 /// The inspector page in a real browser (Debian's headless Chromium) while a thread's answer streams in live: the
 /// transcript it renders from the feed equals the history after every event, each message lists its source
 /// events (the stop that supplied the end among them), and the hidden display's event is listed as excluded, with
 /// its fate. A screenshot is written to `target/inspector.png`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inspector_page_shows_a_live_thread_in_a_real_browser() {
-    use crate::helpers::{BinaryApp, TestStore, chunk_row, publish_rows, unique, user_row};
-    use crate::scene::now_ns;
+    use crate::helpers::{chunk_row, publish_rows, stop_row, user_row};
+    use crate::scene::{Scene, now_ns};
     use std::time::Duration;
     use test_support::browser::Browser;
-    use test_support::servers::{MongoServer, NatsServer};
 
-    let (nats, mongo) = (NatsServer::start(), MongoServer::start());
-    let database = unique("inspect");
-    let store = TestStore::connect(&mongo.uri(), &database).await;
-    store.create_aihub_indexes().await;
-    let app = BinaryApp::start(&[
-        ("HISTORY_VIEW_NATS_URL", nats.url()),
-        ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
-        ("HISTORY_VIEW_MONGODB_DATABASE", database),
-    ])
-    .await;
-    app.wait_ready().await;
-    let publisher = async_nats::connect(nats.url()).await.expect("publisher");
+    let scene = Scene::new().await;
+    let app = scene.worker(scene.nats.url(), &[]).await;
+    let (store, publisher) = (&scene.store, &scene.publisher);
     let thread = "inspected-thread";
     let query = "agent_class=A&agent_id=a1";
     // Stored and published as aihub does: the persister writes each event as it is published.
     let publish = async |row: Value| {
         store.insert_rows(std::slice::from_ref(&row)).await;
-        publish_rows(&publisher, &[row]).await;
+        publish_rows(publisher, &[row]).await;
     };
     publish(user_row(
         thread,

@@ -588,6 +588,30 @@ pub fn chunk_row(
     .row(rows::chunk(text))
 }
 
+/// A stop event of `agent` on `display` whose last output message says `text`.
+pub fn stop_row(
+    thread: &str,
+    display: &str,
+    agent: &str,
+    event_id: &str,
+    created_at: i64,
+    text: &str,
+) -> Value {
+    Event {
+        agent: (agent, "a1"),
+        thread,
+        display,
+        run: "run-1",
+        event_id,
+        name: "LLMStopEvent",
+        parents: rows::LLM_STOP,
+        created_at,
+    }
+    .row(serde_json::json!({
+        "output_messages": [{"role": "assistant", "contents": [{"type": "text", "text": text}]}]
+    }))
+}
+
 /// The history JSON of alternating user/assistant text turns.
 pub fn turns(turns: &[(&str, &str)]) -> Value {
     Value::Array(
