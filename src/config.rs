@@ -12,10 +12,10 @@ use clap::{CommandFactory, Parser};
 
 use crate::cache::CacheSettings;
 use crate::http::ConnectionLimits;
-use crate::jetstream::JetStreamSettings;
 use crate::partition::{Partitioning, StreamSettings};
 pub use crate::setting::{Inspector, LogFormat, Secret, Source};
 use crate::shadow::ShadowSettings;
+use crate::source::JetStreamSettings;
 use crate::store::{IndexHints, StoreSettings};
 
 pub const DEFAULT_SUBJECT: &str = "agent.*.*.*.*.*.display_event.*.*";

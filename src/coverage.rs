@@ -24,14 +24,14 @@
 //!
 //! [design 2.1]: ../docs/design.md#2.1
 
-use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
+
+use crate::source::CatchUp;
 
 /// A moment: nanoseconds on the monotonic clock since a day before the coverage's origin (process start), so that
 /// a moment before the start (where a JetStream replay begins) is a stamp too.
@@ -337,130 +337,6 @@ impl Coverage {
     }
 }
 
-/// Whether a resumable live source (the JetStream consumers, one per stream) has delivered everything its streams
-/// held when it was last (re)started: a complete view is served from memory only then ([design
-/// 2.1](../docs/design.md#2.1)). After a reconnect a resumed consumer is no gap, so views stay complete, but until it
-/// has caught up, the stream holds events the views have not seen. Core NATS tracks no source here: it is always
-/// caught up (a disconnect is a gap instead).
-///
-/// Sources are tracked by name, each behind since an *epoch* (the count of connection losses): a source catches up
-/// only by a consumer created in that epoch or later, so a message read before a loss cannot clear it.
-pub struct CatchUp {
-    state: Mutex<CatchUpState>,
-    /// `behind` is empty; read on every read of a complete view.
-    caught_up: AtomicBool,
-    /// Woken whenever the last source catches up.
-    changed: Notify,
-    /// The connection epoch, for consumer loops to notice a loss and resume.
-    epochs: watch::Sender<u64>,
-}
-
-#[derive(Default)]
-struct CatchUpState {
-    /// The sources tracked (streams being consumed).
-    known: HashSet<String>,
-    /// Sources behind, and the epoch since which.
-    behind: HashMap<String, u64>,
-    epoch: u64,
-}
-
-impl CatchUp {
-    fn new() -> Self {
-        Self {
-            state: Mutex::new(CatchUpState::default()),
-            caught_up: AtomicBool::new(true),
-            changed: Notify::new(),
-            epochs: watch::Sender::new(0),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, CatchUpState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether every source has caught up.
-    pub fn is_caught_up(&self) -> bool {
-        self.caught_up.load(Ordering::Acquire)
-    }
-
-    /// Waits until every source has caught up, or `deadline`; returns whether they have.
-    pub async fn wait(&self, deadline: Instant) -> bool {
-        loop {
-            let changed = self.changed.notified();
-            if self.is_caught_up() {
-                return true;
-            }
-            tokio::select! {
-                () = changed => {}
-                () = tokio::time::sleep_until(deadline) => return self.is_caught_up(),
-            }
-        }
-    }
-
-    /// A source starts: behind until its consumer has caught up.
-    pub fn track(&self, source: &str) {
-        let mut state = self.lock();
-        state.known.insert(source.to_owned());
-        let epoch = state.epoch;
-        state.behind.insert(source.to_owned(), epoch);
-        self.update(&state);
-    }
-
-    /// A source is gone (its stream was deleted).
-    pub fn forget(&self, source: &str) {
-        let mut state = self.lock();
-        state.known.remove(source);
-        state.behind.remove(source);
-        self.update(&state);
-    }
-
-    /// A consumer of `source` created in `epoch` has delivered everything pending.
-    pub fn caught_up(&self, source: &str, epoch: u64) {
-        let mut state = self.lock();
-        if state
-            .behind
-            .get(source)
-            .is_some_and(|&since| since <= epoch)
-        {
-            state.behind.remove(source);
-            self.update(&state);
-        }
-    }
-
-    /// The connection was lost (or may have lost deliveries): every source is behind until a consumer created
-    /// from now on catches up, and the consumer loops are told to resume.
-    pub fn connection_lost(&self) {
-        let mut state = self.lock();
-        state.epoch += 1;
-        let epoch = state.epoch;
-        let known: Vec<String> = state.known.iter().cloned().collect();
-        for source in known {
-            state.behind.insert(source, epoch);
-        }
-        self.update(&state);
-        drop(state);
-        self.epochs.send_replace(epoch);
-    }
-
-    /// The current connection epoch: a consumer created now catches its source up for this epoch.
-    pub fn epoch(&self) -> u64 {
-        self.lock().epoch
-    }
-
-    /// Changes whenever the connection is lost.
-    pub fn epochs(&self) -> watch::Receiver<u64> {
-        self.epochs.subscribe()
-    }
-
-    fn update(&self, state: &CatchUpState) {
-        let caught_up = state.behind.is_empty();
-        self.caught_up.store(caught_up, Ordering::Release);
-        if caught_up {
-            self.changed.notify_waiters();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -651,46 +527,6 @@ mod tests {
             verdict_of_read_at(&coverage, 0, ms(100)),
             Verdict::Complete(_)
         ));
-    }
-
-    #[test]
-    fn a_source_catches_up_only_by_a_consumer_of_the_epoch_it_fell_behind_in() {
-        let catch_up = CatchUp::new();
-        assert!(catch_up.is_caught_up(), "nothing tracked: Core NATS");
-        catch_up.track("a");
-        catch_up.track("b");
-        catch_up.caught_up("a", 0);
-        assert!(!catch_up.is_caught_up());
-        catch_up.caught_up("b", 0);
-        assert!(catch_up.is_caught_up());
-        catch_up.connection_lost();
-        assert!(!catch_up.is_caught_up());
-        // A message read by the consumer of the old connection proves nothing.
-        catch_up.caught_up("a", 0);
-        catch_up.caught_up("b", 0);
-        assert!(!catch_up.is_caught_up());
-        catch_up.caught_up("a", 1);
-        catch_up.forget("b");
-        assert!(catch_up.is_caught_up());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_wait_for_catching_up_ends_when_it_does_or_at_its_deadline() {
-        let catch_up = std::sync::Arc::new(CatchUp::new());
-        catch_up.track("a");
-        let deadline = Instant::now() + Duration::from_secs(1);
-        assert!(!catch_up.wait(deadline).await);
-        let waiter = {
-            let catch_up = std::sync::Arc::clone(&catch_up);
-            tokio::spawn(async move {
-                catch_up
-                    .wait(Instant::now() + Duration::from_secs(60))
-                    .await
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        catch_up.caught_up("a", 0);
-        assert!(waiter.await.unwrap());
     }
 
     #[test]

@@ -11,8 +11,10 @@
 //!   [`decode::ViewEvent`]; one decoder for both paths.
 //! - [`view`]: a thread's events, deduplicated and in projection order; `Complete` or `Partial`.
 //! - [`project`]: the pure projector: events and the read's primary identity become the history and warnings.
-//! - [`ingest`]: the NATS loop (subject → decode → view) and the connection watcher (gaps → downgrades).
-//! - [`jetstream`]: the JetStream source: aihub's class streams, each consumed by a loop that resumes by sequence.
+//! - [`source`]: where events come from: Core NATS (the subscription loop and the connection watcher) or JetStream
+//!   (class streams or the partitioned stream, one consumer loop each, resumed by sequence and checked against the
+//!   stream's retention); one tracker turns what they report into gaps, catch-up and freshness.
+//! - [`ingest`]: subject → decode → view for one event, whatever source delivered it.
 //! - [`store`]: the MongoDB queries (the two stages and a fill) behind `StoreReads`, decoded by the same decoder.
 //! - [`cache`]: the moka cache of views; reads answer from complete views or hydrate from the store (one explicit
 //!   state per entry for what its store side is doing).
@@ -32,7 +34,6 @@ pub mod explain;
 pub mod freshness;
 pub mod http;
 pub mod ingest;
-pub mod jetstream;
 pub mod metrics;
 pub mod partition;
 pub mod project;
@@ -40,6 +41,7 @@ pub mod readiness;
 pub mod setting;
 pub mod shadow;
 pub mod shutdown;
+pub mod source;
 pub mod startup;
 pub mod store;
 pub mod subject;

@@ -268,6 +268,9 @@ struct Inner {
     jetstream_last_sequence: IntGaugeVec,
     jetstream_pending: IntGaugeVec,
     jetstream_resumes: IntCounterVec,
+    jetstream_gaps: IntCounterVec,
+    jetstream_streams: IntGauge,
+    jetstream_behind: IntGauge,
     read_routes: IntCounterVec,
     shadow_checks: IntCounterVec,
     /// `history_view_shadow_checks_total{result="dropped"}`, resolved once: with a high sample, most reads count it.
@@ -527,6 +530,27 @@ impl Metrics {
                     &["outcome"],
                 ),
             ),
+            jetstream_gaps: register(&registry, &mut described,
+                counter_vec(
+                    "history_view_jetstream_gaps_total",
+                    "JetStream source: possible losses of events not read, by cause (removed, deleted, recreated, new_leader, stream_deleted, new_stream, upstream)",
+                    &["cause"],
+                ),
+            ),
+            jetstream_streams: register(&registry, &mut described,
+                IntGauge::new(
+                    "history_view_jetstream_streams",
+                    "JetStream source: streams consumed now (0: none matches HISTORY_VIEW_JETSTREAM_STREAMS, or Core NATS)",
+                )
+                .expect("valid metric"),
+            ),
+            jetstream_behind: register(&registry, &mut described,
+                IntGauge::new(
+                    "history_view_jetstream_behind",
+                    "JetStream source: 1 while a stream is resuming, a class stream is not sourced, a source stalled or no stream matches (reads wait or go to the store)",
+                )
+                .expect("valid metric"),
+            ),
             read_routes: register(&registry, &mut described,
                 counter_vec(
                     "history_view_read_routes_total",
@@ -681,6 +705,10 @@ impl Metrics {
         preset(
             &inner.jetstream_resumes,
             &[ResumeOutcome::Continued, ResumeOutcome::Gap].map(ResumeOutcome::label),
+        );
+        preset(
+            &inner.jetstream_gaps,
+            &crate::source::GapCause::ALL.map(crate::source::GapCause::label),
         );
         preset(
             &inner.read_routes,
@@ -926,6 +954,21 @@ impl Metrics {
             .with_label_values(&[outcome.label()])
             .inc();
     }
+    /// A possible loss of a JetStream source, by cause.
+    pub fn jetstream_gap(&self, cause: &str) {
+        self.inner.jetstream_gaps.with_label_values(&[cause]).inc();
+    }
+
+    /// A stream is consumed (1) or no longer (-1).
+    pub fn jetstream_streams(&self, change: i64) {
+        self.inner.jetstream_streams.add(change);
+    }
+
+    /// Whether the JetStream source is behind.
+    pub fn jetstream_behind(&self, behind: bool) {
+        self.inner.jetstream_behind.set(i64::from(behind));
+    }
+
     /// A message of `stream` applied: its stream sequence and what the consumer still has to deliver.
     pub fn jetstream_applied(&self, stream: &str, sequence: u64, pending: u64) {
         self.inner
@@ -1109,7 +1152,7 @@ mod tests {
     /// Dashboards and alerts name these metrics and labels: a rename here is a breaking change for operators.
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 44] = [
+        let pinned: [(&str, &[&str]); 47] = [
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
             ("history_view_cache_hits_total", &[]),
@@ -1138,6 +1181,9 @@ mod tests {
             ("history_view_jetstream_last_sequence", &["stream"]),
             ("history_view_jetstream_pending", &["stream"]),
             ("history_view_jetstream_resumes_total", &["outcome"]),
+            ("history_view_jetstream_gaps_total", &["cause"]),
+            ("history_view_jetstream_streams", &[]),
+            ("history_view_jetstream_behind", &[]),
             ("history_view_read_routes_total", &["route"]),
             ("history_view_shadow_events_total", &["result"]),
             ("history_view_shadow_check_delay_seconds", &[]),

@@ -93,12 +93,17 @@ impl Readiness {
                 ok: false,
                 detail: "not connected to NATS",
             }
+        } else if self.inner.coverage.catch_up().no_stream() {
+            Check {
+                ok: false,
+                detail: "JetStream: no stream matches HISTORY_VIEW_JETSTREAM_STREAMS, or JetStream is unavailable or refused (see the ERROR log)",
+            }
         } else if !self.inner.coverage.is_live() {
             Check {
                 ok: false,
                 detail: "subscription not yet confirmed by a round trip to NATS",
             }
-        } else if !self.inner.coverage.catch_up().is_caught_up() {
+        } else if !self.inner.coverage.catch_up().lanes_caught_up() {
             Check {
                 ok: false,
                 detail: "JetStream consumers are catching up with their streams",

@@ -36,7 +36,7 @@ impl Inspector {
 pub enum Source {
     /// A Core NATS subscription: nothing new to run; every disconnect is a gap.
     Core,
-    /// aihub's JetStream class streams, resumed by sequence ([`crate::jetstream`]).
+    /// aihub's JetStream class streams, resumed by sequence ([`crate::source`]).
     #[value(name = "jetstream")]
     JetStream,
 }

@@ -19,10 +19,12 @@ use crate::http::{
     AppState, ConnectionLimits, Peers, RESERVED_CONNECTIONS, TokenDigest, accept_loop,
     probe_router, reserve_router, router,
 };
-use crate::ingest::{self, Ingest, ProbeSubscription};
-use crate::jetstream::JetStreamSource;
+use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
+use crate::source::api::NatsApi;
+use crate::source::core::{self, ProbeSubscription};
+use crate::source::{JetStreamSource, Timing, Tracker};
 use crate::store::Store;
 
 /// The OpenAPI description of the HTTP API, served as JSON at `/openapi.json`.
@@ -82,7 +84,7 @@ impl Application {
             config.cache_settings(),
         );
 
-        let (events_tx, connection_events) = ingest::connection_events();
+        let (events_tx, connection_events) = core::connection_events();
         let callback_coverage = coverage.clone();
         let source = config.source;
         let nats = async_nats::ConnectOptions::new()
@@ -92,7 +94,7 @@ impl Application {
             // The default (60 s) left a frozen server or a half-open link unnoticed for about three minutes.
             .ping_interval(config.nats_ping_interval)
             .event_callback(move |event| {
-                ingest::on_connection_event(&callback_coverage, source, &events_tx, event);
+                core::on_connection_event(&callback_coverage, source, &events_tx, event);
                 std::future::ready(())
             })
             .connect(config.nats_url.expose())
@@ -222,11 +224,16 @@ impl Application {
             }
             None => {
                 state.readiness.set_subscribed(true);
-                let source = JetStreamSource::new(
-                    nats.clone(),
-                    ingest,
+                let events = Tracker::new(
                     coverage,
+                    ingest.freshness().clone(),
                     state.metrics.clone(),
+                    Timing::for_lag(config.persist_lag),
+                );
+                let source = JetStreamSource::new(
+                    NatsApi::new(nats.clone()),
+                    ingest,
+                    events,
                     config.jetstream_settings(),
                 );
                 let stop = stop.clone();

@@ -1,25 +1,25 @@
-//! The partitioned source (`HISTORY_VIEW_PARTITIONS` > 1): every second, the class streams are listed, the
+//! Partitioned sourcing (`HISTORY_VIEW_PARTITIONS` > 1): every interval, the class streams are listed, the
 //! partitioned stream is bound (created, and each new class stream added to its sources, unless
 //! `HISTORY_VIEW_JETSTREAM_CREATE_STREAM=false`) and checked, and what changed upstream of it is judged ([design
 //! 2.1](../../docs/design.md#2.1)): a class stream sourced for the first time after the start, recreated, deleted or
-//! under a new leader is a gap; one not sourced at all keeps the worker behind. The one consumer loop, on
-//! `<prefix>.<k>.>`, is the class streams' ([`super::JetStreamSource::consume`]).
+//! under a new leader is a gap; one not sourced at all, or a source that stalled, keeps the worker behind. The one
+//! consumer loop, on `<prefix>.<k>.>`, is the class streams' (`consumer.rs`), so every retention case of the
+//! partitioned stream itself is judged there.
 
 use std::collections::{HashMap, HashSet};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use async_nats::jetstream::stream::{Config, Info};
+use async_nats::jetstream::stream::{Config, Source};
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    CLOCK_SKEW_MARGIN, DISCOVERY_INTERVAL, JetStreamSource, Start, is_not_found, leader, lock, wall,
-};
+use super::api::{Api, ApiError, SourceState, Start, StreamState};
+use super::{CLOCK_SKEW_MARGIN, GapCause, JetStreamSource, Lane, Sink, SourceEvent};
 use crate::partition::{Partitioning, StreamSettings};
 
-/// The catch-up key of a class stream that matches the pattern but is no source of the partitioned stream.
-fn unsourced_key(class_stream: &str) -> String {
-    format!("unsourced:{class_stream}")
-}
+/// A source of the partitioned stream not heard from for this long is stalled: the worker is behind until it is
+/// active again with nothing left to copy (nats-server hears from a healthy source every second or so, idle or
+/// not).
+const SOURCE_STALL: Duration = Duration::from_secs(5);
 
 /// A class stream as last seen: a change is a gap.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +36,7 @@ enum Unbound {
     Later(String),
 }
 
-impl JetStreamSource {
+impl<A: Api, S: Sink> JetStreamSource<A, S> {
     /// Runs the partitioned source until `stop`.
     ///
     /// # Errors
@@ -48,41 +48,40 @@ impl JetStreamSource {
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
         let replay_from = SystemTime::now() - self.inner.settings.replay;
-        let mut started = false;
+        // From here on a class stream that still holds its first message is sourced from it.
+        let mut started: Option<SystemTime> = None;
         let mut classes: HashMap<String, Identity> = HashMap::new();
         let mut sourced: HashSet<String> = HashSet::new();
         let mut warned_unbound = false;
         loop {
-            if let Ok(names) = self.list_streams().await {
+            if let Some(names) = self.list_streams().await {
                 let seen = self.identities(&names, &classes).await;
-                match self.bind(&partitioning, &stream, &names).await {
+                match self
+                    .bind(&partitioning, &stream, &names, started, &seen)
+                    .await
+                {
                     Err(Unbound::Refused(reason)) => anyhow::bail!(reason),
                     Err(Unbound::Later(reason)) => {
                         if !warned_unbound {
-                            tracing::warn!(stream = %stream.name, %reason, "cannot bind the partitioned stream yet; trying every second");
+                            tracing::warn!(stream = %stream.name, %reason, "cannot bind the partitioned stream yet; trying every interval");
                             warned_unbound = true;
                         }
                     }
-                    Ok(info) => {
+                    Ok(state) => {
                         warned_unbound = false;
-                        let now_sourced = source_names(&info.config);
-                        let start = if started {
+                        let now_sourced = source_names(&state.config);
+                        let start = if started.is_some() {
                             self.judge_upstream(&classes, &seen, &sourced, &now_sourced);
                             // Deleted and created again (its loop recorded the gap): all of it.
                             Start::All
                         } else {
-                            started = self.start_partitioned(&info, replay_from).await;
-                            Start::Since(replay_from)
-                        };
-                        if started {
-                            if lock(&self.inner.consumed).insert(stream.name.clone()) {
-                                self.inner.coverage.catch_up().track(&stream.name);
-                                tokio::spawn(self.clone().consume(
-                                    stream.name.clone(),
-                                    start,
-                                    stop.clone(),
-                                ));
+                            if self.start_partitioned(&state, replay_from).await {
+                                started = Some(SystemTime::now());
                             }
+                            Start::Time(replay_from)
+                        };
+                        if started.is_some() {
+                            self.spawn_consumer(stream.name.clone(), start, &stop);
                             self.track_unsourced(&names, &now_sourced);
                             classes = seen;
                             sourced = now_sourced;
@@ -90,10 +89,8 @@ impl JetStreamSource {
                     }
                 }
             }
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => return Ok(()),
-                () = tokio::time::sleep(DISCOVERY_INTERVAL) => {}
+            if self.sleep(&stop).await {
+                return Ok(());
             }
         }
     }
@@ -106,13 +103,13 @@ impl JetStreamSource {
     ) -> HashMap<String, Identity> {
         let mut seen = HashMap::new();
         for name in names {
-            match self.stream_info(name).await {
-                Ok(info) => {
+            match self.inner.api.stream_state(name).await {
+                Ok(state) => {
                     seen.insert(
                         name.clone(),
                         Identity {
-                            created: wall(info.created),
-                            leader: leader(&info),
+                            created: state.created,
+                            leader: state.leader,
                         },
                     );
                 }
@@ -149,69 +146,86 @@ impl JetStreamSource {
             newly_sourced = ?newly_sourced,
             recreated_or_new_leader = ?changed,
             deleted = ?deleted,
-            "class streams changed upstream of the partitioned stream: a gap"
+            "class streams changed upstream of the partitioned stream"
         );
-        self.record_gap_at(self.inner.coverage.now().plus(CLOCK_SKEW_MARGIN));
+        let tracker = &self.inner.tracker;
+        let at = SystemTime::now() + CLOCK_SKEW_MARGIN;
+        tracker.emit(SourceEvent::Gap {
+            stream: &self.partitioned_name(),
+            cause: GapCause::Upstream,
+            at: Some(at),
+        });
+    }
+
+    fn partitioned_name(&self) -> String {
+        self.inner
+            .settings
+            .partitioned
+            .as_ref()
+            .map(|(_, stream)| stream.name.clone())
+            .unwrap_or_default()
     }
 
     /// A class stream the partitioned stream does not source keeps the worker behind (its events reach the views
     /// only through the store) until it is sourced.
     fn track_unsourced(&self, names: &[String], sourced: &HashSet<String>) {
-        let catch_up = self.inner.coverage.catch_up();
-        let mut unsourced = lock(&self.inner.unsourced);
+        let tracker = &self.inner.tracker;
         for name in names {
-            let key = unsourced_key(name);
+            let lane = Lane::Unsourced(name.clone());
             if sourced.contains(name) {
-                if unsourced.remove(name) {
-                    catch_up.forget(&key);
-                }
-            } else if unsourced.insert(name.clone()) {
+                tracker.emit(SourceEvent::Cleared(&lane));
+            } else if tracker.emit(SourceEvent::Blocked(&lane)) == 1 {
                 tracing::warn!(class_stream = %name, "a class stream is no source of the partitioned stream: its threads are served from the store");
-                catch_up.track(&key);
             }
         }
-        let gone: Vec<String> = unsourced
-            .iter()
-            .filter(|n| !names.contains(n))
-            .cloned()
-            .collect();
-        for name in gone {
-            unsourced.remove(&name);
-            catch_up.forget(&unsourced_key(&name));
+    }
+
+    /// The partitioned stream's sources: one not heard from for [`SOURCE_STALL`] keeps the worker behind until it
+    /// is active again, has nothing left to copy and the consumer has applied what it delivered (`drained`): the
+    /// events it holds back reach the stream once it recovers, but a view served meanwhile would lack them.
+    pub(super) fn judge_sources(&self, state: &StreamState, drained: bool) {
+        let tracker = &self.inner.tracker;
+        for source in &state.sources {
+            let lane = Lane::Stalled(source.name.clone());
+            if stalled(source) {
+                if tracker.emit(SourceEvent::Blocked(&lane)) == 1 {
+                    tracing::warn!(source = %source.name, "a source of the partitioned stream stalled: reads go to the store until it recovers");
+                }
+            } else if source.lag == 0 && drained && tracker.coverage().catch_up().is_behind(&lane) {
+                tracing::info!(source = %source.name, "a stalled source of the partitioned stream recovered");
+                tracker.emit(SourceEvent::Cleared(&lane));
+            }
         }
     }
 
     /// Binds the partitioned stream: creates it (sourcing every class stream from now) or adds the class streams it
-    /// does not source yet, when allowed; checks it was made for this partition count and prefix.
+    /// does not source yet, when allowed; checks it was made for this partition count and prefix. A class stream
+    /// created after `started` that still holds its first message is sourced from it.
     async fn bind(
         &self,
         partitioning: &Partitioning,
         settings: &StreamSettings,
         class_streams: &[String],
-    ) -> Result<Info, Unbound> {
-        let context = &self.inner.context;
-        let info = match context.get_stream(&settings.name).await {
-            Ok(mut stream) => stream
-                .info()
-                .await
-                .cloned()
-                .map_err(|e| Unbound::Later(e.to_string()))?,
-            Err(error) if is_not_found(&error) && settings.create => {
-                let sources = self.sources_from_now(partitioning, class_streams).await?;
-                return match context.create_stream(settings.config(sources)).await {
-                    Ok(mut stream) => {
+        started: Option<SystemTime>,
+        identities: &HashMap<String, Identity>,
+    ) -> Result<StreamState, Unbound> {
+        let api = &self.inner.api;
+        let state = match api.stream_state(&settings.name).await {
+            Ok(state) => state,
+            Err(ApiError::NotFound) if settings.create => {
+                let sources = self
+                    .sources_from_now(partitioning, class_streams, None, identities)
+                    .await?;
+                return match api.create_stream(settings.config(sources)).await {
+                    Ok(state) => {
                         tracing::info!(stream = %settings.name, partitions = partitioning.partitions, "created the partitioned stream");
-                        stream
-                            .info()
-                            .await
-                            .cloned()
-                            .map_err(|e| Unbound::Later(e.to_string()))
+                        Ok(state)
                     }
                     // Another worker may have created it a moment before: bound next round.
                     Err(error) => Err(Unbound::Later(error.to_string())),
                 };
             }
-            Err(error) if is_not_found(&error) => {
+            Err(ApiError::NotFound) => {
                 return Err(Unbound::Later(
                     "it does not exist and HISTORY_VIEW_JETSTREAM_CREATE_STREAM is false".into(),
                 ));
@@ -219,67 +233,90 @@ impl JetStreamSource {
             Err(error) => return Err(Unbound::Later(error.to_string())),
         };
         partitioning
-            .check(&settings.name, &info.config)
+            .check(&settings.name, &state.config)
             .map_err(Unbound::Refused)?;
-        let sourced = source_names(&info.config);
-        let missing: Vec<&String> = class_streams
+        let sourced = source_names(&state.config);
+        let missing: Vec<String> = class_streams
             .iter()
             .filter(|name| !sourced.contains(*name))
+            .cloned()
             .collect();
         if missing.is_empty() || !settings.create {
-            return Ok(info);
+            return Ok(state);
         }
-        let missing: Vec<String> = missing.into_iter().cloned().collect();
-        let added = self.sources_from_now(partitioning, &missing).await?;
-        let mut config = info.config.clone();
+        let added = self
+            .sources_from_now(partitioning, &missing, started, identities)
+            .await?;
+        let mut config = state.config.clone();
         config.sources.get_or_insert_with(Vec::new).extend(added);
         tracing::info!(class_streams = ?missing, "adding class streams to the partitioned stream's sources");
-        context
-            .update_stream(config)
+        api.update_stream(config)
             .await
             .map_err(|e| Unbound::Later(e.to_string()))
     }
 
-    /// Sources for `class_streams` from now on: each from the sequence after its last one, read before the instant
-    /// coverage may start from is taken (so every message stored after that instant is sourced).
+    /// Sources for `class_streams`: a class stream created after `started` (the worker's coverage began) that
+    /// still holds its first message, from that message (nats-server honours a start sequence for a source that
+    /// has copied nothing yet); any other from the sequence after its last one, read before the instant coverage
+    /// may start from is taken (so every message stored after that instant is sourced; what it held before is a
+    /// gap or older than the coverage start).
     async fn sources_from_now(
         &self,
         partitioning: &Partitioning,
         class_streams: &[String],
-    ) -> Result<Vec<async_nats::jetstream::stream::Source>, Unbound> {
+        started: Option<SystemTime>,
+        identities: &HashMap<String, Identity>,
+    ) -> Result<Vec<Source>, Unbound> {
         let mut next = Vec::with_capacity(class_streams.len());
         for name in class_streams {
-            let info = self
-                .stream_info(name)
+            let state = self
+                .inner
+                .api
+                .stream_state(name)
                 .await
                 .map_err(|e| Unbound::Later(format!("{name}: {e}")))?;
-            next.push(info.state.last_sequence + 1);
+            let new_since_start = started.is_some_and(|started| {
+                state.created >= started
+                    && identities
+                        .get(name)
+                        .is_none_or(|i| i.created == state.created)
+            });
+            next.push(if new_since_start && state.first_seq <= 1 {
+                1
+            } else {
+                state.last_seq + 1
+            });
         }
         let now = SystemTime::now();
         Ok(class_streams
             .iter()
             .zip(next)
-            .map(|(name, next)| partitioning.source(name, now, next))
+            .map(|(name, sequence)| partitioning.source(name, now, sequence))
             .collect())
     }
 
     /// Starts coverage on the partitioned stream: as for a class stream, and no earlier than the latest start of
     /// its sources (what a class stream held before its source started was never copied).
-    async fn start_partitioned(&self, info: &Info, replay_from: SystemTime) -> bool {
-        let latest_source = info
+    async fn start_partitioned(&self, state: &StreamState, replay_from: SystemTime) -> bool {
+        let latest_source = state
             .config
             .sources
             .iter()
             .flatten()
-            .filter_map(|source| source.start_time.map(wall))
+            .filter_map(|source| source.start_time.map(super::api::wall))
             .max()
             .unwrap_or(SystemTime::UNIX_EPOCH);
         self.start_coverage(
-            std::slice::from_ref(&info.config.name),
+            std::slice::from_ref(&state.name),
             replay_from.max(latest_source),
         )
         .await
     }
+}
+
+/// Whether nats-server has not heard from a source for [`SOURCE_STALL`].
+fn stalled(source: &SourceState) -> bool {
+    source.active.is_none_or(|active| active > SOURCE_STALL)
 }
 
 fn source_names(config: &Config) -> HashSet<String> {

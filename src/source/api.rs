@@ -1,0 +1,383 @@
+//! The JetStream calls the source makes, behind one seam ([`Api`]): list the streams, read a stream's state, create
+//! an ephemeral pull consumer and read its state and deliveries, and (partitioned workers) create or update the
+//! partitioned stream. [`NatsApi`] makes them on async-nats; the source's unit tests make them on a fake
+//! (`src/source/tests.rs`). The values are plain: what the rules of [design 2.1](../../docs/design.md#2.1) read.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::context::{
+    CreateStreamErrorKind, GetStreamErrorKind, StreamsErrorKind, UpdateStreamErrorKind,
+};
+use async_nats::jetstream::stream::{Config, Info};
+use async_nats::jetstream::{self, Context, ErrorCode};
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+/// How long the server waits for the next pull request of an ephemeral consumer before removing it.
+const INACTIVE_THRESHOLD: Duration = Duration::from_secs(60);
+/// How often the server sends an idle heartbeat to a pull request; async-nats ends the pull after two missed ones
+/// (nats-server requires at most half the request's expiry).
+pub const HEARTBEAT: Duration = Duration::from_secs(2);
+/// How long one pull request waits for messages.
+const EXPIRES: Duration = Duration::from_secs(10);
+
+/// Why a JetStream call failed, as far as the source's rules care.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// The stream does not exist.
+    #[error("the stream does not exist")]
+    NotFound,
+    /// JetStream is not enabled on the server, or nothing answers its API.
+    #[error("JetStream is not available: {0}")]
+    Unavailable(String),
+    /// The worker's NATS user may not make this call.
+    #[error("permission denied: {0}")]
+    Denied(String),
+    /// Anything else (a timeout, a lost connection, a refused request).
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A stream's state as one stream-info request saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamState {
+    pub name: String,
+    pub created: SystemTime,
+    /// The leader of a replicated stream; `None` for one replica (its "leader" is the one server holding it, named
+    /// anew at each restart of that server, which is no gap: it recovers the stream from its files before it
+    /// accepts clients).
+    pub leader: Option<String>,
+    /// The oldest sequence still held; one past `last_seq` when empty.
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// The oldest message's time (the last message's when empty; the zero time as the epoch).
+    pub first_time: SystemTime,
+    /// Messages deleted between the first and the last (not counting what aged out from the front).
+    pub deleted: u64,
+    pub subjects: Vec<String>,
+    /// Partitioned stream: its sources as it reports them.
+    pub sources: Vec<SourceState>,
+    /// Partitioned stream: its configuration (to add sources and check its transform).
+    pub config: Config,
+}
+
+/// A source of the partitioned stream, as the partitioned stream reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceState {
+    pub name: String,
+    /// Messages of the class stream not copied yet.
+    pub lag: u64,
+    /// Since the source was last heard from; `None` if never.
+    pub active: Option<Duration>,
+}
+
+/// Where a new consumer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Everything the stream holds.
+    All,
+    /// The first message stored at or after this moment (a worker start's replay).
+    Time(SystemTime),
+    /// This sequence on.
+    Sequence(u64),
+}
+
+/// A consumer's state as one consumer-info request saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerState {
+    /// Messages matching its filter not delivered yet.
+    pub pending: u64,
+    /// Its last delivered consumer sequence (the count of messages it delivered).
+    pub delivered: u64,
+}
+
+/// One message a consumer delivered.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub subject: async_nats::Subject,
+    pub payload: Bytes,
+    pub stream_seq: u64,
+    /// Counts the consumer's deliveries: a number skipped is a delivery lost on the way.
+    pub consumer_seq: u64,
+    /// Messages matching the filter still after it when it was delivered.
+    pub pending: u64,
+    /// When the stream stored it.
+    pub published: SystemTime,
+}
+
+/// The JetStream calls of the source.
+pub trait Api: Clone + Send + Sync + 'static {
+    type Consumer: Consumer;
+
+    /// The names of every stream of the account.
+    fn stream_names(&self) -> impl Future<Output = Result<Vec<String>, ApiError>> + Send;
+
+    /// One stream's state.
+    fn stream_state(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<StreamState, ApiError>> + Send;
+
+    /// An ephemeral pull consumer of `stream` on `filters`, acknowledging nothing, from `start`.
+    fn create_consumer(
+        &self,
+        stream: &str,
+        filters: Vec<String>,
+        start: Start,
+    ) -> impl Future<Output = Result<Self::Consumer, ApiError>> + Send;
+
+    /// Creates a stream (the partitioned one).
+    fn create_stream(
+        &self,
+        config: Config,
+    ) -> impl Future<Output = Result<StreamState, ApiError>> + Send;
+
+    /// Updates a stream's configuration (the partitioned stream's sources).
+    fn update_stream(
+        &self,
+        config: Config,
+    ) -> impl Future<Output = Result<StreamState, ApiError>> + Send;
+}
+
+/// A consumer made by [`Api::create_consumer`].
+pub trait Consumer: Send + 'static {
+    /// Its state now.
+    fn state(&mut self) -> impl Future<Output = Result<ConsumerState, ApiError>> + Send;
+
+    /// The next delivery; an error or `None` ends the consumer (a missed heartbeat, a lost connection, a deleted
+    /// stream).
+    fn next(&mut self) -> impl Future<Output = Option<Result<Delivery, ApiError>>> + Send;
+}
+
+/// [`Api`] on async-nats.
+#[derive(Clone)]
+pub struct NatsApi {
+    context: Context,
+}
+
+impl NatsApi {
+    pub fn new(client: async_nats::Client) -> Self {
+        Self {
+            context: jetstream::new(client),
+        }
+    }
+}
+
+/// An async-nats pull consumer and its message stream (opened on the first [`Consumer::next`]).
+pub struct NatsConsumer {
+    consumer: jetstream::consumer::Consumer<pull::Config>,
+    messages: Option<pull::Stream>,
+}
+
+impl Api for NatsApi {
+    type Consumer = NatsConsumer;
+
+    async fn stream_names(&self) -> Result<Vec<String>, ApiError> {
+        let mut names = self.context.stream_names();
+        let mut all = Vec::new();
+        while let Some(name) = names.next().await {
+            all.push(name.map_err(|error| match error.kind() {
+                StreamsErrorKind::NoResponders => ApiError::Unavailable(error.to_string()),
+                _ => classify_text(&error),
+            })?);
+        }
+        Ok(all)
+    }
+
+    async fn stream_state(&self, name: &str) -> Result<StreamState, ApiError> {
+        let stream = self
+            .context
+            .get_stream_no_info(name)
+            .await
+            .map_err(|e| match e.kind() {
+                GetStreamErrorKind::JetStream(js) => classify(js.error_code(), &js),
+                _ => classify_text(&e),
+            })?;
+        let info = stream.get_info().await.map_err(|e| classify_text(&e))?;
+        Ok(state_of(&info))
+    }
+
+    async fn create_consumer(
+        &self,
+        stream: &str,
+        filters: Vec<String>,
+        start: Start,
+    ) -> Result<NatsConsumer, ApiError> {
+        let deliver_policy = match start {
+            Start::All => DeliverPolicy::All,
+            Start::Time(at) => DeliverPolicy::ByStartTime {
+                start_time: at.into(),
+            },
+            Start::Sequence(start_sequence) => DeliverPolicy::ByStartSequence { start_sequence },
+        };
+        let stream = self
+            .context
+            .get_stream_no_info(stream)
+            .await
+            .map_err(|e| classify_text(&e))?;
+        let consumer = stream
+            .create_consumer(pull::Config {
+                deliver_policy,
+                ack_policy: AckPolicy::None,
+                filter_subjects: filters,
+                inactive_threshold: INACTIVE_THRESHOLD,
+                memory_storage: true,
+                ..pull::Config::default()
+            })
+            .await
+            .map_err(|e| classify_text(&e))?;
+        Ok(NatsConsumer {
+            consumer,
+            messages: None,
+        })
+    }
+
+    async fn create_stream(&self, config: Config) -> Result<StreamState, ApiError> {
+        let stream = self
+            .context
+            .create_stream(config)
+            .await
+            .map_err(|e| match e.kind() {
+                CreateStreamErrorKind::JetStream(js) => classify(js.error_code(), &js),
+                _ => classify_text(&e),
+            })?;
+        Ok(state_of(stream.cached_info()))
+    }
+
+    async fn update_stream(&self, config: Config) -> Result<StreamState, ApiError> {
+        let info = self
+            .context
+            .update_stream(config)
+            .await
+            .map_err(|e| match e.kind() {
+                UpdateStreamErrorKind::JetStream(js) => classify(js.error_code(), &js),
+                _ => classify_text(&e),
+            })?;
+        Ok(state_of(&info))
+    }
+}
+
+impl Consumer for NatsConsumer {
+    async fn state(&mut self) -> Result<ConsumerState, ApiError> {
+        let info = self.consumer.info().await.map_err(|e| classify_text(&e))?;
+        Ok(ConsumerState {
+            pending: info.num_pending,
+            delivered: info.delivered.consumer_sequence,
+        })
+    }
+
+    async fn next(&mut self) -> Option<Result<Delivery, ApiError>> {
+        if self.messages.is_none() {
+            match self
+                .consumer
+                .stream()
+                .heartbeat(HEARTBEAT)
+                .expires(EXPIRES)
+                .messages()
+                .await
+            {
+                Ok(messages) => self.messages = Some(messages),
+                Err(error) => return Some(Err(classify_text(&error))),
+            }
+        }
+        let message = match self.messages.as_mut()?.next().await? {
+            Ok(message) => message,
+            Err(error) => return Some(Err(classify_text(&error))),
+        };
+        let info = match message.info() {
+            Ok(info) => (
+                info.stream_sequence,
+                info.consumer_sequence,
+                info.pending,
+                info.published,
+            ),
+            Err(error) => return Some(Err(ApiError::Other(error.to_string()))),
+        };
+        let message = message.message;
+        Some(Ok(Delivery {
+            subject: message.subject,
+            payload: message.payload,
+            stream_seq: info.0,
+            consumer_seq: info.1,
+            pending: info.2,
+            published: wall(info.3),
+        }))
+    }
+}
+
+/// The plain state of a stream-info answer.
+fn state_of(info: &Info) -> StreamState {
+    let first_time = if info.state.messages > 0 {
+        info.state.first_timestamp
+    } else {
+        info.state.last_timestamp
+    };
+    StreamState {
+        name: info.config.name.clone(),
+        created: wall(info.created),
+        leader: leader(info),
+        first_seq: info.state.first_sequence,
+        last_seq: info.state.last_sequence,
+        first_time: wall(first_time),
+        deleted: info.state.deleted_count.unwrap_or(0),
+        subjects: info.config.subjects.clone(),
+        sources: info
+            .sources
+            .iter()
+            .map(|source| SourceState {
+                name: source.name.clone(),
+                lag: source.lag,
+                active: source.active,
+            })
+            .collect(),
+        config: info.config.clone(),
+    }
+}
+
+/// The leader of a replicated stream (see [`StreamState::leader`]).
+fn leader(info: &Info) -> Option<String> {
+    if info.config.num_replicas <= 1 {
+        return None;
+    }
+    info.cluster
+        .as_ref()
+        .and_then(|cluster| cluster.leader.clone())
+}
+
+/// A server timestamp on the wall clock; the zero time of an empty stream (year 1) as the epoch.
+pub fn wall(at: time::OffsetDateTime) -> SystemTime {
+    if at.unix_timestamp() <= 0 {
+        SystemTime::UNIX_EPOCH
+    } else {
+        at.into()
+    }
+}
+
+/// A JetStream API error by its code.
+fn classify(code: ErrorCode, error: &impl std::fmt::Display) -> ApiError {
+    match code {
+        ErrorCode::STREAM_NOT_FOUND => ApiError::NotFound,
+        ErrorCode::JETSTREAM_NOT_ENABLED | ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT => {
+            ApiError::Unavailable(error.to_string())
+        }
+        _ => classify_text(error),
+    }
+}
+
+/// Any other error by what it says: no responders is JetStream off (nothing serves `$JS.API`), a permissions
+/// violation is a refusal.
+fn classify_text(error: &impl std::fmt::Display) -> ApiError {
+    let text = error.to_string();
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("no responders") || lower.contains("not enabled") {
+        ApiError::Unavailable(text)
+    } else if lower.contains("permission") || lower.contains("authorization") {
+        ApiError::Denied(text)
+    } else if lower.contains("stream not found") {
+        ApiError::NotFound
+    } else {
+        ApiError::Other(text)
+    }
+}

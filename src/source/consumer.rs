@@ -1,0 +1,301 @@
+//! One consumed stream's loop: creates an ephemeral consumer where the [`Position`] says, applies its deliveries,
+//! and checks the stream every [`super::Timing::interval`] (right after each consumer is created too): a reading
+//! of the stream, the consumer's state, a second reading ([`Position::judge`], [`Position::confirm`]). A request
+//! that fails or outlasts [`super::Timing::request_timeout`], a delivery lost on the way, two missed heartbeats
+//! or a lost connection end the consumer; the next one resumes after the last message applied, and the stream is
+//! behind until that one has caught up ([design 2.1](../../docs/design.md#2.1)).
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::{Instant, timeout};
+use tokio_util::sync::CancellationToken;
+
+use super::api::{Api, ApiError, Consumer, ConsumerState, Start, StreamState};
+use super::rule::{Judgement, Position};
+use super::{GapCause, JetStreamSource, Lane, Sink, SourceEvent, filter_subjects};
+
+/// Backoff between attempts to (re)create a consumer.
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// How one consumer ended.
+enum Ended {
+    Stopped,
+    /// The stream no longer exists.
+    Deleted,
+    /// The stream holds no display-event subjects.
+    NoSubjects,
+    /// Another stream under the same name (its gap is recorded): consume it from its start.
+    Recreated,
+    /// Anything else: resume (after a backoff if nothing was read).
+    Resume {
+        progressed: bool,
+    },
+}
+
+/// A request of a check or a resume that failed or took too long.
+enum Failed {
+    Deleted,
+    Other,
+}
+
+impl From<Failed> for Ended {
+    fn from(failed: Failed) -> Self {
+        match failed {
+            Failed::Deleted => Ended::Deleted,
+            Failed::Other => Ended::Resume { progressed: false },
+        }
+    }
+}
+
+impl<A: Api, S: Sink> JetStreamSource<A, S> {
+    /// Consumes `name` from `first` (then after the last message applied) until `stop` or the stream is deleted.
+    pub(super) async fn consume(self, name: String, first: Start, stop: CancellationToken) {
+        let tracker = &self.inner.tracker;
+        let lane = Lane::Stream(name.clone());
+        tracker.emit(SourceEvent::StreamAdded(&name));
+        let mut first = first;
+        let mut position: Option<Position> = None;
+        let mut backoff = MIN_BACKOFF;
+        loop {
+            match self
+                .consume_once(&name, &lane, first, &mut position, &stop)
+                .await
+            {
+                Ended::Stopped => break,
+                Ended::Deleted => {
+                    tracker.emit(SourceEvent::Gap {
+                        stream: &name,
+                        cause: GapCause::StreamDeleted,
+                        at: None,
+                    });
+                    break;
+                }
+                Ended::NoSubjects => {
+                    tracing::warn!(
+                        stream = name,
+                        "the stream holds no display-event subjects; not consumed"
+                    );
+                    break;
+                }
+                Ended::Recreated => {
+                    position = None;
+                    first = Start::All;
+                }
+                Ended::Resume { progressed } => {
+                    if progressed {
+                        backoff = MIN_BACKOFF;
+                    }
+                    tokio::select! {
+                        biased;
+                        () = stop.cancelled() => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+        tracker.emit(SourceEvent::StreamRemoved(&name));
+        self.forget_consumed(&name);
+    }
+
+    /// One request within the request timeout.
+    async fn request<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, ApiError>>,
+    ) -> Result<T, Failed> {
+        match timeout(self.inner.tracker.timing().request_timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(ApiError::NotFound)) => Err(Failed::Deleted),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "a JetStream request failed");
+                Err(Failed::Other)
+            }
+            Err(_) => {
+                tracing::debug!("a JetStream request took longer than the check allows");
+                Err(Failed::Other)
+            }
+        }
+    }
+
+    async fn stream_state(&self, name: &str) -> Result<StreamState, Failed> {
+        self.request(self.inner.api.stream_state(name)).await
+    }
+
+    /// Creates a consumer where `position` says (judging the resume) and applies its deliveries until it ends.
+    async fn consume_once(
+        &self,
+        name: &str,
+        lane: &Lane,
+        first: Start,
+        position: &mut Option<Position>,
+        stop: &CancellationToken,
+    ) -> Ended {
+        let tracker = &self.inner.tracker;
+        let generation = tracker.emit(SourceEvent::Resuming(lane));
+        let mut epochs = tracker.coverage().catch_up().epochs();
+        let state = match self.stream_state(name).await {
+            Ok(state) => state,
+            Err(failed) => return failed.into(),
+        };
+        let start = match position.as_mut() {
+            None => {
+                *position = Some(Position::new(&state));
+                first
+            }
+            Some(read) => match self.judge(name, read, &state, true) {
+                Some(()) => read.next_start(first),
+                None => return Ended::Recreated,
+            },
+        };
+        let Some(position) = position.as_mut() else {
+            return Ended::Resume { progressed: false };
+        };
+        let filters = match &self.inner.settings.partitioned {
+            Some((partitioning, _)) => vec![partitioning.filter_subject()],
+            None => filter_subjects(&state.subjects, &self.inner.settings.subject),
+        };
+        if filters.is_empty() {
+            return Ended::NoSubjects;
+        }
+        let mut consumer = match self
+            .request(self.inner.api.create_consumer(name, filters, start))
+            .await
+        {
+            Ok(consumer) => consumer,
+            Err(failed) => return failed.into(),
+        };
+        let mut delivered = 0u64;
+        let mut caught_up = false;
+        let mut checks = tokio::time::interval(tracker.timing().interval);
+        checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // One cancellation future for the whole loop, not one registered and dropped per message.
+        let stopped = stop.cancelled();
+        tokio::pin!(stopped);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut stopped => return Ended::Stopped,
+                _ = epochs.changed() => {
+                    tracing::debug!(stream = name, "the connection was lost; resuming the consumer");
+                    return Ended::Resume { progressed: delivered > 0 };
+                }
+                // The first tick is at once: a new consumer is checked before anything is served from memory.
+                _ = checks.tick() => {
+                    match self.check(name, lane, generation, position, &mut consumer, delivered).await {
+                        Ok(drained) => caught_up |= drained,
+                        Err(ended) => return ended,
+                    }
+                }
+                delivery = consumer.next() => {
+                    let delivery = match delivery {
+                        Some(Ok(delivery)) => delivery,
+                        Some(Err(error)) => {
+                            tracing::debug!(stream = name, %error, "the consumer ended; resuming");
+                            return Ended::Resume { progressed: delivered > 0 };
+                        }
+                        None => return Ended::Resume { progressed: delivered > 0 },
+                    };
+                    if delivery.consumer_seq != delivered + 1 {
+                        // A delivery was lost on the way (AckNone: the server does not send it again). Resume from
+                        // the last one applied.
+                        tracing::info!(stream = name, "a delivery was lost; resuming the consumer");
+                        return Ended::Resume { progressed: delivered > 0 };
+                    }
+                    delivered = delivery.consumer_seq;
+                    let subject = delivery.subject.as_str();
+                    let subject = match &self.inner.settings.partitioned {
+                        Some((partitioning, _)) => partitioning.original_subject(subject).unwrap_or(subject),
+                        None => subject,
+                    };
+                    self.inner.sink.apply(subject, &delivery.payload).await;
+                    position.applied = Some(delivery.stream_seq);
+                    tracker.emit(SourceEvent::Applied {
+                        stream: name,
+                        sequence: delivery.stream_seq,
+                        pending: delivery.pending,
+                        published: delivery.published,
+                    });
+                    if delivery.pending == 0 && !caught_up {
+                        // Caught up as far as this consumer knows: confirm it now rather than at the next tick.
+                        match self.check(name, lane, generation, position, &mut consumer, delivered).await {
+                            Ok(drained) => caught_up |= drained,
+                            Err(ended) => return ended,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Judges a reading of `name` against `read` and records what it lost (and, `resuming`, a resume that lost
+    /// nothing); `None` if it is another stream now.
+    fn judge(
+        &self,
+        name: &str,
+        read: &mut Position,
+        state: &StreamState,
+        resuming: bool,
+    ) -> Option<()> {
+        let tracker = &self.inner.tracker;
+        match read.judge(state) {
+            Judgement::Recreated => {
+                tracker.emit(SourceEvent::Gap {
+                    stream: name,
+                    cause: GapCause::Recreated,
+                    at: None,
+                });
+                None
+            }
+            Judgement::Continues(lost) => {
+                for cause in &lost {
+                    tracker.emit(SourceEvent::Gap {
+                        stream: name,
+                        cause: *cause,
+                        at: None,
+                    });
+                }
+                if lost.is_empty() && resuming {
+                    tracker.emit(SourceEvent::Continued);
+                }
+                Some(())
+            }
+        }
+    }
+
+    /// A check: a reading of the stream, the consumer's state, a reading after it. Records any loss, raises the
+    /// read-through position, confirms the lane until the silence bound, and returns whether the consumer was
+    /// drained. Any request that fails or takes too long ends the consumer (the stream is behind until the next
+    /// one catches up).
+    async fn check(
+        &self,
+        name: &str,
+        lane: &Lane,
+        generation: u64,
+        position: &mut Position,
+        consumer: &mut A::Consumer,
+        delivered: u64,
+    ) -> Result<bool, Ended> {
+        let started = Instant::now();
+        let asked = SystemTime::now();
+        let before = self.stream_state(name).await.map_err(Ended::from)?;
+        let consumer_state: ConsumerState =
+            self.request(consumer.state()).await.map_err(Ended::from)?;
+        let after = self.stream_state(name).await.map_err(Ended::from)?;
+        if self.judge(name, position, &after, false).is_none() {
+            return Err(Ended::Recreated);
+        }
+        let drained = position.confirm(&before, &consumer_state, delivered);
+        self.inner.tracker.emit(SourceEvent::Confirmed {
+            lane,
+            generation,
+            drained,
+            asked,
+            started,
+        });
+        if self.inner.settings.partitioned.is_some() {
+            self.judge_sources(&after, drained);
+        }
+        Ok(drained)
+    }
+}

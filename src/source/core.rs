@@ -1,0 +1,365 @@
+//! Core NATS (`HISTORY_VIEW_SOURCE=core`): the subscription loop (each message through [`Ingest::handle`]) and the
+//! connection watcher, which confirms the subscription by a round trip and turns possible losses into gaps
+//! ([`Coverage`]); with the JetStream source the watcher only logs, counts and keeps readiness, and a loss makes
+//! the consumers resume ([`super::CatchUp::connection_lost`]).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use async_nats::{Event, Message, Subscriber};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::coverage::Coverage;
+use crate::freshness;
+use crate::ingest::Ingest;
+use crate::metrics::EventOutcome;
+use crate::setting::Source;
+
+/// Most messages still buffered in the subscription that are applied after a stop request; the rest are left
+/// (the views are dropped with the process anyway).
+const DRAIN_LIMIT: usize = 10_000;
+
+/// How often the watcher checks whether a connected but unconfirmed subscription needs a probe, and how long a
+/// probe may stay unanswered before another is sent.
+const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl Ingest {
+    /// Consumes `subscriber` until `stop` is cancelled or the subscription ends. After a stop, unsubscribes and
+    /// applies what was already buffered (bounded by [`DRAIN_LIMIT`]).
+    ///
+    /// With `probes` (Core NATS), the replies to the worker's round-trip probes come through this loop too: a
+    /// reply is handed to the watcher only once the display-event subscription has been found empty after it
+    /// arrived. The client puts a connection's messages in their subscriptions' queues in the order the server sent
+    /// them, so by then every event received before the reply has been applied (or waits beside its view, applied
+    /// before any read of it): the probe's send time is an instant every answer from memory covers
+    /// ([`crate::freshness`]).
+    ///
+    /// Returns normally only on a stop request; `Err(())` when the subscription ended by itself.
+    pub async fn run(
+        self,
+        mut subscriber: Subscriber,
+        mut probes: Option<Probes>,
+        stop: CancellationToken,
+    ) -> Result<(), ()> {
+        self.readiness.set_subscribed(true);
+        let mut reply: Option<u64> = None;
+        // One cancellation future for the whole loop: a new one per message would register with the token and
+        // deregister again (a lock each) for every event.
+        let stopped = stop.cancelled();
+        tokio::pin!(stopped);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut stopped => break,
+                message = subscriber.next() => match message {
+                    Some(message) => self.handle(message).await,
+                    None => {
+                        self.readiness.set_subscribed(false);
+                        tracing::error!("the NATS subscription ended");
+                        return Err(());
+                    }
+                },
+                // Polled only after the subscription was found empty in this round, which began after the reply
+                // arrived.
+                () = std::future::ready(()), if reply.is_some() => {
+                    if let (Some(sequence), Some(probes)) = (reply.take(), probes.as_ref()) {
+                        // Full: the watcher is behind on replies; the next probe's reply serves as well.
+                        let _ = probes.applied.try_send(sequence);
+                    }
+                }
+                message = next_reply(&mut probes), if reply.is_none() => match message {
+                    Some(message) => {
+                        reply = std::str::from_utf8(&message.payload).ok().and_then(|s| s.parse().ok());
+                    }
+                    None => {
+                        tracing::error!("the subscription confirmation probe ended");
+                        probes = None;
+                    }
+                },
+            }
+        }
+        self.readiness.set_subscribed(false);
+        // Stop intake first, then apply what already arrived.
+        if let Err(error) = subscriber.unsubscribe().await {
+            tracing::debug!(%error, "unsubscribe on shutdown failed");
+        }
+        let mut drained = 0;
+        while drained < DRAIN_LIMIT {
+            match tokio::time::timeout(std::time::Duration::from_millis(50), subscriber.next())
+                .await
+            {
+                Ok(Some(message)) => self.handle(message).await,
+                _ => break,
+            }
+            drained += 1;
+        }
+        Ok(())
+    }
+
+    /// Watches the connection until `stop` is cancelled: logs and counts connection events, keeps readiness's
+    /// connection state, and sends the worker's round-trip probes on `probe` (its own inbox subject): after every
+    /// (re)connect until one comes back, which confirms the subscription (a probe comes back only after the server
+    /// has processed everything sent before it, the re-sent subscription included; a `Connected` event comes before
+    /// the subscription is re-sent), and every [`freshness::PROBE_EVERY`] after that, whose replies, handed over by
+    /// the ingest loop once it has applied what came before them (`applied`), move the covered-through instant.
+    /// Gaps are recorded earlier, in the connection callback ([`on_connection_event`]).
+    ///
+    /// Without a probe (the JetStream source, which starts coverage itself), it only logs, counts and keeps state.
+    pub async fn watch_connection(
+        self,
+        client: async_nats::Client,
+        probe: Option<(String, mpsc::Receiver<u64>)>,
+        mut events: mpsc::Receiver<Event>,
+        stop: CancellationToken,
+    ) {
+        let (probe_subject, mut applied) = match probe {
+            Some((subject, applied)) => (subject, Some(applied)),
+            None => (String::new(), None),
+        };
+        // Probes sent and not answered yet, oldest first (bounded: a link that answers none is soon a gap).
+        let mut sent: VecDeque<SentProbe> = VecDeque::new();
+        let mut last_sent: Option<SentProbe> = None;
+        let mut sequence = 0u64;
+        let mut skipped = 0u64;
+        let mut tick = tokio::time::interval(PROBE_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let send_probe = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                event = events.recv() => match event {
+                    Some(event) => self.connection_event(&event) && applied.is_some(),
+                    None => return,
+                },
+                answered = next_applied(&mut applied) => {
+                    let Some(answered) = answered else {
+                        return;
+                    };
+                    while let Some(probe) = sent.front().copied().filter(|p| p.sequence <= answered) {
+                        sent.pop_front();
+                        if probe.sequence != answered || probe.connection != self.coverage.connection() {
+                            continue;
+                        }
+                        if self.coverage.confirm_live(probe.connection, self.coverage.now()) {
+                            tracing::info!("NATS subscription confirmed: live coverage starts");
+                        }
+                        self.freshness.probe_applied(probe.wall);
+                    }
+                    false
+                }
+                _ = tick.tick() => {
+                    skipped = self.count_skipped(&client, skipped);
+                    let last = last_sent.filter(|p| p.connection == self.coverage.connection());
+                    let every = if self.coverage.is_live() { freshness::PROBE_EVERY } else { PROBE_TIMEOUT };
+                    applied.is_some()
+                        && client.connection_state() == async_nats::connection::State::Connected
+                        && last.is_none_or(|p| p.at.elapsed() >= every)
+                }
+            };
+            if send_probe {
+                sequence += 1;
+                let probe = SentProbe {
+                    sequence,
+                    connection: self.coverage.connection(),
+                    at: std::time::Instant::now(),
+                    wall: SystemTime::now(),
+                };
+                match client
+                    .publish(probe_subject.clone(), sequence.to_string().into())
+                    .await
+                {
+                    Ok(()) => {
+                        if sent.len() == MAX_UNANSWERED {
+                            sent.pop_front();
+                        }
+                        sent.push_back(probe);
+                        last_sent = Some(probe);
+                    }
+                    Err(error) => tracing::debug!(%error, "cannot send the subscription probe"),
+                }
+            }
+        }
+    }
+
+    /// Counts as bad subjects the messages the NATS client skipped since `before` (of all it skipped) because
+    /// their subject is not UTF-8 (the patched async-nats skips them instead of failing the connection; see
+    /// `vendor/async-nats/PATCH.md`). Returns the new total.
+    fn count_skipped(&self, client: &async_nats::Client, before: u64) -> u64 {
+        let total = client
+            .statistics()
+            .skipped_non_utf8_messages
+            .load(Ordering::Relaxed);
+        if total > before {
+            self.metrics
+                .events(EventOutcome::BadSubject, total - before);
+            if self.bad_subject_log.allow() {
+                tracing::warn!(
+                    messages = total - before,
+                    "dropping messages whose subject is not UTF-8"
+                );
+            }
+        }
+        total
+    }
+
+    /// Logs, counts and reflects one connection event; returns whether a confirmation probe is due.
+    fn connection_event(&self, event: &Event) -> bool {
+        match event {
+            Event::Connected => self.readiness.set_connected(true),
+            Event::Disconnected | Event::Closed => self.readiness.set_connected(false),
+            _ => {}
+        }
+        self.metrics
+            .nats_connection_event(connection_event_label(event));
+        tracing::info!(event = %event, possible_loss = is_gap(event), "NATS connection event");
+        matches!(event, Event::Connected)
+    }
+}
+
+/// The next probe reply; never, without a probe subscription.
+async fn next_reply(probes: &mut Option<Probes>) -> Option<Message> {
+    match probes {
+        Some(probes) => probes.replies.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next probe reply the ingest loop has applied everything before; never, without probes.
+async fn next_applied(applied: &mut Option<mpsc::Receiver<u64>>) -> Option<u64> {
+    match applied {
+        Some(applied) => applied.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The ingest loop's end of the worker's round-trip probes: their replies, and where it hands over the sequence
+/// of each reply once everything received before it is applied.
+pub struct Probes {
+    pub replies: Subscriber,
+    pub applied: mpsc::Sender<u64>,
+}
+
+/// The worker's own subscription for round-trip probes, on a subject nothing else uses (an inbox subject, so
+/// aihub's persister, which stores `agent.>`, never sees it).
+pub struct ProbeSubscription {
+    pub subject: String,
+    pub subscriber: Subscriber,
+}
+
+impl ProbeSubscription {
+    /// Subscribes to a fresh inbox subject of `client`.
+    ///
+    /// # Errors
+    /// The client cannot send the subscription.
+    pub async fn new(client: &async_nats::Client) -> Result<Self, async_nats::SubscribeError> {
+        let subject = client.new_inbox();
+        let subscriber = client.subscribe(subject.clone()).await?;
+        Ok(Self {
+            subject,
+            subscriber,
+        })
+    }
+
+    /// Splits it into the watcher's end (the subject, and the applied replies) and the ingest loop's.
+    pub fn split(self) -> ((String, mpsc::Receiver<u64>), Probes) {
+        let (applied, answered) = mpsc::channel(16);
+        (
+            (self.subject, answered),
+            Probes {
+                replies: self.subscriber,
+                applied,
+            },
+        )
+    }
+}
+
+/// Probes kept waiting for their reply; older ones are forgotten.
+const MAX_UNANSWERED: usize = 16;
+
+/// A probe in flight.
+#[derive(Debug, Clone, Copy)]
+struct SentProbe {
+    sequence: u64,
+    /// The coverage's connection epoch when it was sent.
+    connection: u64,
+    at: std::time::Instant,
+    /// When it was sent, on the wall clock (the covered-through instant it proves once answered).
+    wall: SystemTime,
+}
+
+/// The `event` labels of `history_view_nats_connection_events_total`, one per [`Event`] variant.
+pub(crate) const CONNECTION_EVENTS: [&str; 8] = [
+    "connected",
+    "disconnected",
+    "closed",
+    "slow_consumer",
+    "server_error",
+    "client_error",
+    "lame_duck_mode",
+    "draining",
+];
+
+fn connection_event_label(event: &Event) -> &'static str {
+    match event {
+        Event::Connected => CONNECTION_EVENTS[0],
+        Event::Disconnected => CONNECTION_EVENTS[1],
+        Event::Closed => CONNECTION_EVENTS[2],
+        Event::SlowConsumer(_) => CONNECTION_EVENTS[3],
+        Event::ServerError(_) => CONNECTION_EVENTS[4],
+        Event::ClientError(_) => CONNECTION_EVENTS[5],
+        Event::LameDuckMode => CONNECTION_EVENTS[6],
+        Event::Draining => CONNECTION_EVENTS[7],
+    }
+}
+
+/// Whether a connection event means events may have been missed.
+fn is_gap(event: &Event) -> bool {
+    match event {
+        Event::Disconnected
+        | Event::Closed
+        | Event::SlowConsumer(_)
+        | Event::ServerError(_)
+        | Event::ClientError(_) => true,
+        Event::Connected | Event::LameDuckMode | Event::Draining => false,
+    }
+}
+
+/// The connection callback's work ([`async_nats::ConnectOptions::event_callback`]): records a possible loss at once
+/// (before any queue, so a complete view is not served after it), then hands the event to the watcher. An event the
+/// watcher's queue has no room for is itself a possible loss: it might have been one.
+///
+/// On Core NATS a possible loss is a gap (a disconnect also uncovers until the next confirmation). On JetStream it is
+/// not: every consumer resumes from the last message it applied, its resume decides whether it was a gap, and until
+/// it has caught up complete views are not served from memory ([`crate::coverage::CatchUp`]).
+pub fn on_connection_event(
+    coverage: &Coverage,
+    source: Source,
+    watcher: &mpsc::Sender<Event>,
+    event: Event,
+) {
+    let now = coverage.now();
+    let lost = |disconnected: bool| match source {
+        Source::Core if disconnected => coverage.disconnected(now),
+        Source::Core => coverage.gap(now),
+        Source::JetStream => coverage.catch_up().connection_lost(),
+    };
+    match event {
+        Event::Disconnected | Event::Closed => lost(true),
+        ref other if is_gap(other) => lost(false),
+        _ => {}
+    }
+    match watcher.try_send(event) {
+        // Closed: the service is stopping.
+        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+        Err(mpsc::error::TrySendError::Full(_)) => lost(false),
+    }
+}
+
+/// The queue between the connection callback and the watcher.
+pub fn connection_events() -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {
+    mpsc::channel(64)
+}

@@ -1,0 +1,261 @@
+//! The live source: where events come from and what the worker knows about what it may have missed.
+//!
+//! - `core.rs`: Core NATS (`HISTORY_VIEW_SOURCE=core`): the subscription loop and the connection watcher, which
+//!   confirms the subscription by a round trip and turns possible losses into gaps.
+//! - The JetStream source (`HISTORY_VIEW_SOURCE=jetstream`): `discovery.rs` finds the class streams (or binds the
+//!   partitioned stream, `partitioned.rs`) and fails closed when there is none; `consumer.rs` runs one consumer loop
+//!   per stream that resumes by sequence and checks the stream every [`Timing::interval`]; `rule.rs` is the pure
+//!   resume and retention rule; `api.rs` is the seam over the JetStream calls.
+//! - [`Tracker`]: the one place that turns what the sources report ([`SourceEvent`]) into coverage (gaps,
+//!   [`crate::coverage`]), catch-up ([`CatchUp`]) and freshness ([`crate::freshness`]).
+//!
+//! Events go through the same subject → decode → view path whatever the source ([`Sink`], [`crate::ingest`]).
+//! Every case of [design 2.1](../../docs/design.md#2.1)'s table is a gap, "behind" or fail-closed here.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use crate::coverage::Coverage;
+use crate::freshness::Freshness;
+use crate::metrics::{Metrics, ResumeOutcome};
+
+pub mod api;
+mod catch_up;
+mod consumer;
+pub mod core;
+mod discovery;
+mod partitioned;
+mod rule;
+#[cfg(test)]
+mod tests;
+
+pub use catch_up::{CatchUp, Lane};
+pub use discovery::{JetStreamSettings, JetStreamSource, filter_subjects, matches_pattern};
+
+/// Added to a moment read off the server's clock: the server's clock may run behind the worker's.
+pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
+
+/// Where an event goes once a source has it: subject → decode → view ([`crate::ingest::Ingest`]).
+pub trait Sink: Clone + Send + Sync + 'static {
+    fn apply(&self, subject: &str, payload: &[u8]) -> impl Future<Output = ()> + Send;
+}
+
+/// Why a JetStream stream may have lost an event the worker did not read: each a gap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GapCause {
+    /// Messages removed from the front beyond the read-through position: age, `max_msgs`, `max_bytes`,
+    /// `max_msgs_per_subject`, a purge.
+    Removed,
+    /// Messages deleted between the first and the last while something was unread.
+    Deleted,
+    /// Another stream under the same name.
+    Recreated,
+    /// A new leader of a replicated stream: Core publishes made during the election reached no replica.
+    NewLeader,
+    /// The stream is gone.
+    StreamDeleted,
+    /// A stream found after the start: events of its class before it existed were in no stream.
+    NewStream,
+    /// Partitioned: a class stream sourced for the first time, recreated, under a new leader, or deleted.
+    Upstream,
+}
+
+impl GapCause {
+    pub const ALL: [GapCause; 7] = [
+        GapCause::Removed,
+        GapCause::Deleted,
+        GapCause::Recreated,
+        GapCause::NewLeader,
+        GapCause::StreamDeleted,
+        GapCause::NewStream,
+        GapCause::Upstream,
+    ];
+
+    /// The `cause` label of `history_view_jetstream_gaps_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            GapCause::Removed => "removed",
+            GapCause::Deleted => "deleted",
+            GapCause::Recreated => "recreated",
+            GapCause::NewLeader => "new_leader",
+            GapCause::StreamDeleted => "stream_deleted",
+            GapCause::NewStream => "new_stream",
+            GapCause::Upstream => "upstream",
+        }
+    }
+}
+
+/// The JetStream source's clock, derived from the persister-lag bound: an answer from memory may lack only what
+/// was stored less than the bound before it, so a stream whose state was not confirmed for that long is behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// How often each consumed stream is checked (and the class streams listed).
+    pub interval: Duration,
+    /// How long one JetStream request of a check may take before the stream is behind.
+    pub request_timeout: Duration,
+    /// How long a confirmed check holds: the bound, at least a second.
+    pub silence: Duration,
+}
+
+impl Timing {
+    /// The timing for a persister-lag bound of `lag`: a check every half of the silence bound, each request within
+    /// the other half, so a stream that stops answering is behind at most the bound after its last confirmation.
+    pub fn for_lag(lag: Duration) -> Self {
+        let silence = lag.max(Duration::from_secs(1));
+        Self {
+            interval: silence / 2,
+            request_timeout: silence / 2,
+            silence,
+        }
+    }
+}
+
+/// What a source reports.
+#[derive(Debug, Clone, Copy)]
+pub enum SourceEvent<'a> {
+    /// A consumer of the lane is being (re)created: behind until a consumer created from now catches up.
+    Resuming(&'a Lane),
+    /// A message of `stream` was applied; the consumer had `pending` more to deliver.
+    Applied {
+        stream: &'a str,
+        sequence: u64,
+        pending: u64,
+        published: SystemTime,
+    },
+    /// A check of a consumer of `generation` confirmed the stream's state (asked at `asked`); `drained`: every
+    /// message it held then is applied.
+    Confirmed {
+        lane: &'a Lane,
+        generation: u64,
+        drained: bool,
+        asked: SystemTime,
+        started: tokio::time::Instant,
+    },
+    /// A lane that lasts until someone acts is behind (a class stream not sourced, a stalled source, no stream).
+    Blocked(&'a Lane),
+    /// That lane is clear again.
+    Cleared(&'a Lane),
+    /// An event of `stream` may be lost: every complete view is partial from `at` (now if `None`).
+    Gap {
+        stream: &'a str,
+        cause: GapCause,
+        at: Option<SystemTime>,
+    },
+    /// A consumer resumed with nothing lost.
+    Continued,
+    /// A stream is consumed from now on.
+    StreamAdded(&'a str),
+    /// A stream is no longer consumed.
+    StreamRemoved(&'a str),
+}
+
+/// Turns [`SourceEvent`]s into coverage, catch-up, freshness and metrics. Cloning is cheap.
+#[derive(Clone)]
+pub struct Tracker {
+    coverage: Coverage,
+    freshness: Freshness,
+    metrics: Metrics,
+    timing: Timing,
+}
+
+impl Tracker {
+    pub fn new(coverage: Coverage, freshness: Freshness, metrics: Metrics, timing: Timing) -> Self {
+        Self {
+            coverage,
+            freshness,
+            metrics,
+            timing,
+        }
+    }
+
+    pub fn coverage(&self) -> &Coverage {
+        &self.coverage
+    }
+
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
+
+    fn catch_up(&self) -> &CatchUp {
+        self.coverage.catch_up()
+    }
+
+    /// Applies one event; returns the lane's new generation for [`SourceEvent::Resuming`], 1 for a
+    /// [`SourceEvent::Blocked`] lane that was not behind yet (0 otherwise), else 0.
+    pub fn emit(&self, event: SourceEvent<'_>) -> u64 {
+        match event {
+            SourceEvent::Resuming(lane) => {
+                let generation = self.catch_up().behind(lane);
+                self.lanes_changed();
+                return generation;
+            }
+            SourceEvent::Applied {
+                stream,
+                sequence,
+                pending,
+                published,
+            } => {
+                self.metrics.jetstream_applied(stream, sequence, pending);
+                if pending == 0 {
+                    // Nothing was left behind it when it was delivered: every message stored up to it is applied
+                    // (or its loss is found by the stream's next check, within the silence bound).
+                    self.freshness.stream_covered(stream, published);
+                }
+            }
+            SourceEvent::Confirmed {
+                lane,
+                generation,
+                drained,
+                asked,
+                started,
+            } => {
+                self.catch_up()
+                    .confirmed(lane, generation, drained, started + self.timing.silence);
+                if let (true, Lane::Stream(stream)) = (drained, lane) {
+                    self.freshness.stream_covered(stream, asked);
+                }
+                self.lanes_changed();
+            }
+            SourceEvent::Blocked(lane) => {
+                if self.catch_up().is_behind(lane) {
+                    return 0;
+                }
+                self.catch_up().behind(lane);
+                self.lanes_changed();
+                return 1;
+            }
+            SourceEvent::Cleared(lane) => {
+                self.catch_up().forget(lane);
+                self.lanes_changed();
+            }
+            SourceEvent::Gap { stream, cause, at } => {
+                tracing::warn!(
+                    stream,
+                    cause = cause.label(),
+                    "an event of a consumed stream may be lost: a gap (every complete view hydrates again)"
+                );
+                self.metrics.jetstream_resume(ResumeOutcome::Gap);
+                self.metrics.jetstream_gap(cause.label());
+                let at = at.map_or_else(|| self.coverage.now(), |at| self.coverage.stamp_of(at));
+                self.coverage.gap(at);
+            }
+            SourceEvent::Continued => self.metrics.jetstream_resume(ResumeOutcome::Continued),
+            SourceEvent::StreamAdded(stream) => {
+                self.freshness.track_stream(stream);
+                self.metrics.jetstream_streams(1);
+            }
+            SourceEvent::StreamRemoved(stream) => {
+                self.freshness.forget_stream(stream);
+                self.catch_up().forget(&Lane::Stream(stream.to_owned()));
+                self.metrics.jetstream_streams(-1);
+                self.lanes_changed();
+            }
+        }
+        0
+    }
+
+    fn lanes_changed(&self) {
+        self.metrics
+            .jetstream_behind(!self.catch_up().lanes_caught_up());
+    }
+}

@@ -1,0 +1,275 @@
+//! The resume and retention rule on plain values ([design 2.1](../../docs/design.md#2.1), "JetStream: every way an
+//! event can miss the consumed stream"): what the worker has read of one stream ([`Position`]), and whether a
+//! reading of the stream's state shows that something it had not read is gone ([`Position::judge`]). Pure: the
+//! consumer loop (`consumer.rs`) takes the readings and records what this decides.
+
+use std::time::SystemTime;
+
+use super::GapCause;
+use super::api::{ConsumerState, Start, StreamState};
+
+/// What the worker has read of one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    /// The stream's identity when it was first read.
+    pub created: SystemTime,
+    pub leader: Option<String>,
+    /// The read-through position: every message up to this sequence that may match the filter was applied, or is
+    /// older than the coverage start (so in the store by the bound after it), or its loss was recorded as a gap. A
+    /// message beyond it that the stream no longer holds is a gap.
+    pub through: u64,
+    /// The stream sequence of the last message applied; `None` before the first.
+    pub applied: Option<u64>,
+    /// The stream's count of deleted messages (between its first and last) at the last reading.
+    pub deleted: u64,
+}
+
+/// What a reading of the stream says about a [`Position`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Judgement {
+    /// Nothing unread is gone (or its loss is listed: each cause a gap to record).
+    Continues(Vec<GapCause>),
+    /// Another stream under the same name: a gap, and everything it holds is new.
+    Recreated,
+}
+
+impl Position {
+    /// A stream read for the first time: what it no longer holds (before its first sequence) was never delivered
+    /// to the worker, which the caller accounts for (coverage starts after it, or it is a gap).
+    pub fn new(state: &StreamState) -> Self {
+        Self {
+            created: state.created,
+            leader: state.leader.clone(),
+            through: state.first_seq.saturating_sub(1),
+            applied: None,
+            deleted: state.deleted,
+        }
+    }
+
+    /// Where a consumer created now starts: after the last message applied; `first` before any.
+    pub fn next_start(&self, first: Start) -> Start {
+        match self.applied {
+            Some(last) => Start::Sequence(last + 1),
+            None => first,
+        }
+    }
+
+    /// Judges a reading of the stream taken now against what was read: a recreated stream, a new leader (Core
+    /// publishes made during the election were captured by no replica), messages removed from the front beyond
+    /// the read-through position (age, `max_msgs`, `max_bytes`, `max_msgs_per_subject`, a purge), or deleted
+    /// while something was unread. Moves the position past what the listed losses took.
+    pub fn judge(&mut self, state: &StreamState) -> Judgement {
+        if state.created != self.created {
+            return Judgement::Recreated;
+        }
+        let mut lost = Vec::new();
+        if state.leader != self.leader {
+            lost.push(GapCause::NewLeader);
+            self.leader.clone_from(&state.leader);
+        }
+        if state.first_seq > self.through + 1 {
+            lost.push(GapCause::Removed);
+            self.through = state.first_seq - 1;
+        }
+        // The count rises with every message deleted between the first and the last; one deleted while something
+        // was unread may have been unread. (It falls when the front passes deleted messages.)
+        if state.deleted > self.deleted && self.through < state.last_seq {
+            lost.push(GapCause::Deleted);
+        }
+        self.deleted = state.deleted;
+        Judgement::Continues(lost)
+    }
+
+    /// A check's conclusion, after [`Position::judge`] of a reading `after` taken after the consumer's state
+    /// `consumer`, itself asked after a reading `before`, with `delivered` deliveries applied (the last at
+    /// [`Position::applied`]): the read-through position rises to the last message applied (nothing beyond the
+    /// position was gone at `after`, so every message before it that was not delivered is one the filter left
+    /// out, or its loss was just judged a gap), and, when the consumer had nothing pending and every delivery was
+    /// applied, to `before`'s last sequence. Returns whether the consumer was drained: everything `before` held
+    /// is applied.
+    pub fn confirm(
+        &mut self,
+        before: &StreamState,
+        consumer: &ConsumerState,
+        delivered: u64,
+    ) -> bool {
+        if let Some(applied) = self.applied {
+            self.through = self.through.max(applied);
+        }
+        let drained = consumer.pending == 0 && delivered >= consumer.delivered;
+        if drained {
+            self.through = self.through.max(before.last_seq);
+        }
+        drained
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn state(first_seq: u64, last_seq: u64) -> StreamState {
+        StreamState {
+            name: "s".into(),
+            created: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000),
+            leader: Some("n1".into()),
+            first_seq,
+            last_seq,
+            first_time: SystemTime::UNIX_EPOCH,
+            deleted: 0,
+            subjects: Vec::new(),
+            sources: Vec::new(),
+            config: Default::default(),
+        }
+    }
+
+    fn read_through(through: u64) -> Position {
+        Position {
+            through,
+            applied: Some(through),
+            ..Position::new(&state(1, through))
+        }
+    }
+
+    #[test]
+    fn the_same_stream_holding_everything_unread_continues() {
+        let mut position = read_through(41);
+        assert_eq!(position.judge(&state(1, 50)), Judgement::Continues(vec![]));
+        assert_eq!(
+            position.judge(&state(42, 50)),
+            Judgement::Continues(vec![]),
+            "the next message is still held"
+        );
+        assert_eq!(position.next_start(Start::All), Start::Sequence(42));
+    }
+
+    #[test]
+    fn messages_removed_beyond_the_position_are_a_gap_and_move_it() {
+        let mut position = read_through(41);
+        assert_eq!(
+            position.judge(&state(43, 50)),
+            Judgement::Continues(vec![GapCause::Removed]),
+            "message 42 was removed unread"
+        );
+        assert_eq!(position.through, 42);
+        assert_eq!(
+            position.judge(&state(43, 50)),
+            Judgement::Continues(vec![]),
+            "counted once"
+        );
+        // A purge leaves the stream empty: its first sequence is one past its last.
+        assert_eq!(
+            position.judge(&state(51, 50)),
+            Judgement::Continues(vec![GapCause::Removed])
+        );
+    }
+
+    #[test]
+    fn a_recreated_stream_or_a_new_leader_is_a_gap() {
+        let mut position = read_through(41);
+        let recreated = StreamState {
+            created: position.created + Duration::from_secs(1),
+            ..state(1, 1)
+        };
+        assert_eq!(position.judge(&recreated), Judgement::Recreated);
+        let elected = StreamState {
+            leader: Some("n2".into()),
+            ..state(1, 50)
+        };
+        assert_eq!(
+            position.judge(&elected),
+            Judgement::Continues(vec![GapCause::NewLeader])
+        );
+        assert_eq!(
+            position.judge(&elected),
+            Judgement::Continues(vec![]),
+            "the new leader is the one read"
+        );
+    }
+
+    #[test]
+    fn a_deletion_is_a_gap_only_while_something_is_unread() {
+        let mut position = read_through(41);
+        let deleted = |n| StreamState {
+            deleted: n,
+            ..state(1, 50)
+        };
+        assert_eq!(
+            position.judge(&deleted(1)),
+            Judgement::Continues(vec![GapCause::Deleted])
+        );
+        let mut caught_up = read_through(50);
+        assert_eq!(caught_up.judge(&deleted(1)), Judgement::Continues(vec![]));
+        assert_eq!(
+            caught_up.judge(&deleted(0)),
+            Judgement::Continues(vec![]),
+            "the front passed the deleted one"
+        );
+    }
+
+    #[test]
+    fn pending_zero_raises_the_position_only_through_a_confirmed_check() {
+        // Read through 10; the consumer delivered 20 and 30 (the rest filtered out), and had nothing pending when
+        // the stream's last was 60.
+        let mut position = read_through(10);
+        position.applied = Some(30);
+        let before = state(1, 60);
+        let drained = ConsumerState {
+            pending: 0,
+            delivered: 2,
+        };
+        assert_eq!(position.judge(&state(5, 60)), Judgement::Continues(vec![]));
+        assert!(position.confirm(&before, &drained, 2));
+        assert_eq!(position.through, 60);
+        // Filtered-out messages it read through may age out.
+        assert_eq!(position.judge(&state(61, 60)), Judgement::Continues(vec![]));
+
+        // The same consumer, but messages 11..=40 were gone by the reading after its state: 20 and 30 came, the
+        // others matching may have been removed before the server reached them.
+        let mut position = read_through(10);
+        position.applied = Some(30);
+        assert_eq!(
+            position.judge(&state(41, 60)),
+            Judgement::Continues(vec![GapCause::Removed])
+        );
+        assert!(position.confirm(&before, &drained, 2));
+        assert_eq!(position.through, 60);
+    }
+
+    #[test]
+    fn a_consumer_with_deliveries_not_applied_is_not_drained() {
+        let mut position = read_through(10);
+        position.applied = Some(12);
+        let behind = ConsumerState {
+            pending: 0,
+            delivered: 3,
+        };
+        assert!(!position.confirm(&state(1, 60), &behind, 2));
+        assert_eq!(position.through, 12, "only what was applied");
+        let pending = ConsumerState {
+            pending: 4,
+            delivered: 2,
+        };
+        assert!(!position.confirm(&state(1, 60), &pending, 2));
+    }
+
+    proptest::proptest! {
+        /// Whatever the readings, a message beyond the read-through position that the stream no longer holds is
+        /// a gap: the position never passes a sequence that is gone unless the judgement listed a loss.
+        #[test]
+        fn no_reading_passes_a_removed_message_silently(
+            through in 0u64..1_000,
+            first in 0u64..2_000,
+            last_extra in 0u64..500,
+        ) {
+            let mut position = read_through(through);
+            let last = first.max(through) + last_extra;
+            let judged = position.judge(&state(first, last));
+            let lost = matches!(&judged, Judgement::Continues(causes) if causes.contains(&GapCause::Removed));
+            proptest::prop_assert_eq!(lost, first > through + 1);
+            proptest::prop_assert!(position.through + 1 >= first);
+        }
+    }
+}

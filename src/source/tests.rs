@@ -1,0 +1,779 @@
+//! The JetStream source's orchestration without servers: the source over a fake JetStream ([`Fake`]: streams
+//! holding messages, ephemeral consumers delivering them in order, the state readings the source asks for), whose
+//! streams a test can age, purge, delete from, recreate, hand to a new leader, or silence, on tokio's paused clock.
+//! One test per case of [design 2.1](../../docs/design.md#2.1)'s table; the black-box tests (`tests/api/`) prove
+//! the same against real servers.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_nats::jetstream::stream::Config;
+use bytes::Bytes;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::api::{
+    Api, ApiError, Consumer, ConsumerState, Delivery, SourceState, Start, StreamState,
+};
+use super::{JetStreamSettings, JetStreamSource, Lane, Sink, Timing, Tracker};
+use crate::coverage::Coverage;
+use crate::freshness::Freshness;
+use crate::metrics::Metrics;
+use crate::partition::{Partitioning, StreamSettings};
+
+const LAG: Duration = Duration::from_millis(2_000);
+const DISPLAY: &str = "agent.*.*.*.*.*.display_event.*.*";
+
+fn display_subject(class: &str, n: u64) -> String {
+    format!("agent.{class}.a1.t1.d1.r1.display_event.agent_stream_chunk.e{n}")
+}
+
+fn control_subject(class: &str, n: u64) -> String {
+    format!("agent.{class}.a1.t1.d1.r1.control.ping.c{n}")
+}
+
+#[derive(Debug, Clone)]
+struct Stored {
+    subject: String,
+    time: SystemTime,
+}
+
+#[derive(Debug)]
+struct FakeStream {
+    created: SystemTime,
+    leader: Option<String>,
+    subjects: Vec<String>,
+    messages: BTreeMap<u64, Stored>,
+    last_seq: u64,
+    deleted: u64,
+    sources: Vec<SourceState>,
+    config: Config,
+}
+
+impl FakeStream {
+    fn new(name: &str, subjects: Vec<String>) -> Self {
+        Self {
+            created: SystemTime::now(),
+            leader: None,
+            subjects,
+            messages: BTreeMap::new(),
+            last_seq: 0,
+            deleted: 0,
+            sources: Vec::new(),
+            config: Config {
+                name: name.to_owned(),
+                ..Config::default()
+            },
+        }
+    }
+
+    fn first_seq(&self) -> u64 {
+        self.messages
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(self.last_seq + 1)
+    }
+}
+
+#[derive(Default)]
+struct World {
+    streams: BTreeMap<String, FakeStream>,
+    /// Listing the streams fails with this.
+    listing: Option<ApiError>,
+    /// Stream-state requests never answer (a leaderless stream, a cut link).
+    silent: bool,
+    /// Consumers deliver nothing (the worker is frozen, or the link is slow).
+    held: bool,
+    consumers_created: Vec<(String, Start)>,
+}
+
+/// A fake JetStream. Cloning is cheap.
+#[derive(Clone, Default)]
+struct Fake {
+    world: Arc<Mutex<World>>,
+    changed: Arc<Notify>,
+}
+
+impl Fake {
+    fn with<T>(&self, change: impl FnOnce(&mut World) -> T) -> T {
+        let out = change(&mut self.world.lock().unwrap());
+        self.changed.notify_waiters();
+        out
+    }
+
+    fn stream<T>(&self, name: &str, change: impl FnOnce(&mut FakeStream) -> T) -> T {
+        self.with(|w| change(w.streams.get_mut(name).expect("a fake stream")))
+    }
+
+    fn create(&self, class: &str) -> String {
+        let name = format!("agent_{class}_stream");
+        let subjects = vec![format!("agent.{class}.>")];
+        self.with(|w| {
+            w.streams
+                .insert(name.clone(), FakeStream::new(&name, subjects))
+        });
+        name
+    }
+
+    fn publish(&self, stream: &str, subject: String) -> u64 {
+        self.stream(stream, |s| {
+            s.last_seq += 1;
+            s.messages.insert(
+                s.last_seq,
+                Stored {
+                    subject,
+                    time: SystemTime::now(),
+                },
+            );
+            s.last_seq
+        })
+    }
+
+    /// Removes every message before `first` from the front (age, limits, a purge up to it).
+    fn remove_before(&self, stream: &str, first: u64) {
+        self.stream(stream, |s| {
+            let kept = s.messages.split_off(&first);
+            s.messages = kept;
+            if s.messages.is_empty() {
+                s.last_seq = s.last_seq.max(first - 1);
+            }
+        });
+    }
+
+    fn delete(&self, stream: &str, seq: u64) {
+        self.stream(stream, |s| {
+            if s.messages.remove(&seq).is_some() {
+                s.deleted += 1;
+            }
+        });
+    }
+
+    fn consumers(&self) -> Vec<(String, Start)> {
+        self.with(|w| w.consumers_created.clone())
+    }
+}
+
+fn filter_matches(filter: &str, subject: &str) -> bool {
+    let mut f = filter.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (f.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+struct FakeConsumer {
+    fake: Fake,
+    stream: String,
+    filters: Vec<String>,
+    /// The next stream sequence to look at.
+    next: u64,
+    delivered: u64,
+}
+
+impl FakeConsumer {
+    fn matching(&self, world: &World, from: u64) -> Vec<(u64, Stored)> {
+        world
+            .streams
+            .get(&self.stream)
+            .map(|s| {
+                s.messages
+                    .range(from..)
+                    .filter(|(_, m)| self.filters.iter().any(|f| filter_matches(f, &m.subject)))
+                    .map(|(seq, m)| (*seq, m.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Consumer for FakeConsumer {
+    async fn state(&mut self) -> Result<ConsumerState, ApiError> {
+        let silent = self.fake.world.lock().unwrap().silent;
+        if silent {
+            std::future::pending::<()>().await;
+        }
+        let world = self.fake.world.lock().unwrap();
+        let pending = self.matching(&world, self.next).len() as u64;
+        Ok(ConsumerState {
+            pending,
+            delivered: self.delivered,
+        })
+    }
+
+    async fn next(&mut self) -> Option<Result<Delivery, ApiError>> {
+        loop {
+            let changed = self.fake.changed.notified();
+            {
+                let world = self.fake.world.lock().unwrap();
+                if !world.streams.contains_key(&self.stream) {
+                    return Some(Err(ApiError::Other("stream deleted".into())));
+                }
+                let matching = if world.held {
+                    Vec::new()
+                } else {
+                    self.matching(&world, self.next)
+                };
+                if let Some((seq, stored)) = matching.first() {
+                    self.next = seq + 1;
+                    self.delivered += 1;
+                    return Some(Ok(Delivery {
+                        subject: stored.subject.clone().into(),
+                        payload: Bytes::from_static(b"{}"),
+                        stream_seq: *seq,
+                        consumer_seq: self.delivered,
+                        pending: matching.len() as u64 - 1,
+                        published: stored.time,
+                    }));
+                }
+            }
+            changed.await;
+        }
+    }
+}
+
+fn state_of(name: &str, stream: &FakeStream) -> StreamState {
+    StreamState {
+        name: name.to_owned(),
+        created: stream.created,
+        leader: stream.leader.clone(),
+        first_seq: stream.first_seq(),
+        last_seq: stream.last_seq,
+        first_time: stream
+            .messages
+            .values()
+            .next()
+            .map_or(SystemTime::UNIX_EPOCH, |m| m.time),
+        deleted: stream.deleted,
+        subjects: stream.subjects.clone(),
+        sources: stream.sources.clone(),
+        config: stream.config.clone(),
+    }
+}
+
+impl Api for Fake {
+    type Consumer = FakeConsumer;
+
+    async fn stream_names(&self) -> Result<Vec<String>, ApiError> {
+        let world = self.world.lock().unwrap();
+        match &world.listing {
+            Some(error) => Err(error.clone()),
+            None => Ok(world.streams.keys().cloned().collect()),
+        }
+    }
+
+    async fn stream_state(&self, name: &str) -> Result<StreamState, ApiError> {
+        let silent = self.world.lock().unwrap().silent;
+        if silent {
+            std::future::pending::<()>().await;
+        }
+        let world = self.world.lock().unwrap();
+        world
+            .streams
+            .get(name)
+            .map(|s| state_of(name, s))
+            .ok_or(ApiError::NotFound)
+    }
+
+    async fn create_consumer(
+        &self,
+        stream: &str,
+        filters: Vec<String>,
+        start: Start,
+    ) -> Result<FakeConsumer, ApiError> {
+        let next = {
+            let mut world = self.world.lock().unwrap();
+            world.consumers_created.push((stream.to_owned(), start));
+            let s = world.streams.get(stream).ok_or(ApiError::NotFound)?;
+            match start {
+                Start::All => s.first_seq(),
+                Start::Sequence(seq) => seq,
+                Start::Time(at) => s
+                    .messages
+                    .iter()
+                    .find(|(_, m)| m.time >= at)
+                    .map_or(s.last_seq + 1, |(seq, _)| *seq),
+            }
+        };
+        Ok(FakeConsumer {
+            fake: self.clone(),
+            stream: stream.to_owned(),
+            filters,
+            next,
+            delivered: 0,
+        })
+    }
+
+    async fn create_stream(&self, config: Config) -> Result<StreamState, ApiError> {
+        let name = config.name.clone();
+        let mut stream = FakeStream::new(&name, Vec::new());
+        stream.config = config;
+        let state = state_of(&name, &stream);
+        self.with(|w| w.streams.insert(name, stream));
+        Ok(state)
+    }
+
+    async fn update_stream(&self, config: Config) -> Result<StreamState, ApiError> {
+        let name = config.name.clone();
+        self.stream(&name, |s| {
+            s.config = config;
+            Ok(state_of(&name, s))
+        })
+    }
+}
+
+/// What the source applied, by subject.
+#[derive(Clone, Default)]
+struct Applied(Arc<Mutex<Vec<String>>>);
+
+impl Sink for Applied {
+    async fn apply(&self, subject: &str, _payload: &[u8]) {
+        self.0.lock().unwrap().push(subject.to_owned());
+    }
+}
+
+impl Applied {
+    fn subjects(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+struct Harness {
+    fake: Fake,
+    coverage: Coverage,
+    freshness: Freshness,
+    applied: Applied,
+    source: JetStreamSource<Fake, Applied>,
+    stop: CancellationToken,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn settings(partitioned: Option<(Partitioning, StreamSettings)>) -> JetStreamSettings {
+    JetStreamSettings {
+        streams: "agent_*_stream".into(),
+        replay: LAG + Duration::from_secs(3),
+        subject: DISPLAY.into(),
+        partitioned,
+    }
+}
+
+fn harness(fake: Fake, partitioned: Option<(Partitioning, StreamSettings)>) -> Harness {
+    let coverage = Coverage::new(LAG);
+    let freshness = Freshness::new();
+    let tracker = Tracker::new(
+        coverage.clone(),
+        freshness.clone(),
+        Metrics::new(),
+        Timing::for_lag(LAG),
+    );
+    let applied = Applied::default();
+    let source = JetStreamSource::new(
+        fake.clone(),
+        applied.clone(),
+        tracker,
+        settings(partitioned),
+    );
+    Harness {
+        fake,
+        coverage,
+        freshness,
+        applied,
+        source,
+        stop: CancellationToken::new(),
+    }
+}
+
+impl Harness {
+    fn run(&self) {
+        tokio::spawn(self.source.clone().run(self.stop.clone()));
+    }
+
+    fn caught_up(&self) -> bool {
+        self.coverage.catch_up().is_caught_up()
+    }
+
+    /// Lets the source work for `d` of the paused clock.
+    async fn pass(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    /// Started, caught up, with `n` display events of `stream` applied.
+    async fn running(class: &str, n: u64) -> (Self, String) {
+        let fake = Fake::default();
+        let stream = fake.create(class);
+        let h = harness(fake, None);
+        h.run();
+        h.pass(Duration::from_millis(100)).await;
+        for i in 0..n {
+            h.fake.publish(&stream, display_subject(class, i));
+        }
+        h.pass(Duration::from_secs(2)).await;
+        assert!(h.coverage.is_live());
+        assert!(h.caught_up());
+        assert_eq!(h.applied.subjects().len() as u64, n);
+        (h, stream)
+    }
+}
+
+/// Runs `fault` and returns whether the gap generation moved.
+async fn is_gap(h: &Harness, fault: impl FnOnce(&Fake)) -> bool {
+    let before = h.coverage.gaps();
+    fault(&h.fake);
+    h.pass(Duration::from_secs(2)).await;
+    h.coverage.gaps() != before
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quiet_stream_is_no_gap_and_stays_caught_up() {
+    let (h, stream) = Harness::running("A", 3).await;
+    assert!(
+        !is_gap(&h, |f| {
+            f.publish(&stream, display_subject("A", 9));
+        })
+        .await
+    );
+    assert!(h.caught_up());
+    assert!(h.freshness.covered_through().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn messages_that_age_out_unread_while_the_worker_is_frozen_are_a_gap() {
+    let (h, stream) = Harness::running("A", 3).await;
+    let gaps = h.coverage.gaps();
+    // Frozen: nothing delivered, no check answers; meanwhile one event is stored and expires.
+    h.fake.with(|w| {
+        w.held = true;
+        w.silent = true;
+    });
+    let seq = h.fake.publish(&stream, display_subject("A", 10));
+    h.fake.remove_before(&stream, seq + 1);
+    h.pass(Duration::from_secs(3)).await;
+    assert!(
+        !h.caught_up(),
+        "silence is behind: nothing is served from memory"
+    );
+    h.fake.with(|w| {
+        w.held = false;
+        w.silent = false;
+    });
+    h.pass(Duration::from_secs(2)).await;
+    assert_ne!(h.coverage.gaps(), gaps, "the expired event is a gap");
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_purge_of_unread_messages_is_a_gap() {
+    let (h, stream) = Harness::running("A", 3).await;
+    assert!(
+        is_gap(&h, |f| {
+            f.with(|w| w.held = true);
+            let last = f.publish(&stream, display_subject("A", 10));
+            f.remove_before(&stream, last + 1);
+            f.with(|w| w.held = false);
+        })
+        .await
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_past_max_msgs_is_a_gap_though_the_consumer_delivers_without_a_hole() {
+    let (h, stream) = Harness::running("A", 1).await;
+    assert!(
+        is_gap(&h, |f| {
+            f.with(|w| w.held = true);
+            let mut last = 0;
+            for i in 0..200 {
+                last = f.publish(&stream, display_subject("A", 100 + i));
+            }
+            // max_msgs 100: the oldest half is gone before the consumer reached it.
+            f.remove_before(&stream, last - 99);
+            f.with(|w| w.held = false);
+        })
+        .await
+    );
+    assert_eq!(h.applied.subjects().len(), 101);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_unread_message_is_a_gap() {
+    let (h, stream) = Harness::running("A", 3).await;
+    assert!(
+        is_gap(&h, |f| {
+            f.with(|w| w.held = true);
+            let seq = f.publish(&stream, display_subject("A", 10));
+            f.publish(&stream, display_subject("A", 11));
+            f.delete(&stream, seq);
+            f.with(|w| w.held = false);
+        })
+        .await
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn filtered_out_messages_read_through_may_age_out_without_a_gap() {
+    let (h, stream) = Harness::running("A", 1).await;
+    let mut last = 0;
+    for i in 0..5 {
+        last = h.fake.publish(&stream, control_subject("A", i));
+    }
+    // Read through by a check with nothing pending, then they age out.
+    h.pass(Duration::from_secs(2)).await;
+    assert!(!is_gap(&h, |f| f.remove_before(&stream, last + 1)).await);
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_is_a_gap_and_the_consumer_continues() {
+    let (h, stream) = Harness::running("A", 3).await;
+    h.fake.stream(&stream, |s| s.leader = Some("n1".into()));
+    h.pass(Duration::from_secs(2)).await;
+    assert!(is_gap(&h, |f| f.stream(&stream, |s| s.leader = Some("n2".into()))).await);
+    h.fake.publish(&stream, display_subject("A", 20));
+    h.pass(Duration::from_secs(2)).await;
+    assert_eq!(
+        h.applied.subjects().len(),
+        4,
+        "nothing delivered twice or lost"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recreated_stream_is_a_gap_and_is_consumed_from_its_start() {
+    let (h, stream) = Harness::running("A", 3).await;
+    assert!(
+        is_gap(&h, |f| {
+            f.create("A");
+            f.stream(&stream, |s| s.created += Duration::from_secs(60));
+            f.publish(&stream, display_subject("A", 30));
+        })
+        .await
+    );
+    assert_eq!(h.applied.subjects().last(), Some(&display_subject("A", 30)));
+    assert!(
+        h.fake
+            .consumers()
+            .iter()
+            .any(|(_, start)| *start == Start::All)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_stream_is_a_gap_and_with_none_left_the_source_fails_closed() {
+    let (h, stream) = Harness::running("A", 3).await;
+    assert!(
+        is_gap(&h, |f| {
+            f.with(|w| w.streams.remove(&stream));
+        })
+        .await
+    );
+    assert!(h.coverage.catch_up().no_stream());
+    assert!(!h.caught_up());
+    h.fake.create("A");
+    h.pass(Duration::from_secs(3)).await;
+    assert!(!h.coverage.catch_up().no_stream());
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_matching_stream_or_no_jetstream_fails_closed_until_one_is_found() {
+    let fake = Fake::default();
+    fake.create("A");
+    fake.with(|w| w.listing = Some(ApiError::Unavailable("no responders".into())));
+    let h = harness(fake, None);
+    h.run();
+    h.pass(Duration::from_secs(3)).await;
+    assert!(h.coverage.catch_up().no_stream(), "JetStream unavailable");
+    assert!(
+        !h.coverage.is_live(),
+        "nothing is complete: reads go to the store"
+    );
+
+    h.fake.with(|w| {
+        w.listing = None;
+        w.streams.clear();
+        w.streams.insert(
+            "OTHER".into(),
+            FakeStream::new("OTHER", vec!["other.>".into()]),
+        );
+    });
+    h.pass(Duration::from_secs(3)).await;
+    assert!(h.coverage.catch_up().no_stream(), "no stream matches");
+    assert!(!h.coverage.is_live());
+
+    h.fake.create("A");
+    h.pass(Duration::from_secs(3)).await;
+    assert!(!h.coverage.catch_up().no_stream());
+    assert!(h.coverage.is_live());
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_stream_is_a_gap_and_is_consumed_from_its_first_message() {
+    let (h, _) = Harness::running("A", 1).await;
+    assert!(
+        is_gap(&h, |f| {
+            let b = f.create("B");
+            // Published before the worker's next listing.
+            f.publish(&b, display_subject("B", 1));
+            f.publish(&b, display_subject("B", 2));
+        })
+        .await
+    );
+    let applied = h.applied.subjects();
+    assert!(applied.contains(&display_subject("B", 1)));
+    assert!(applied.contains(&display_subject("B", 2)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_stream_is_behind_within_the_bound_and_catches_up_after_a_new_consumer() {
+    let (h, _) = Harness::running("A", 1).await;
+    let consumers = h.fake.consumers().len();
+    h.fake.with(|w| w.silent = true);
+    h.pass(LAG).await;
+    assert!(!h.caught_up(), "not confirmed for the bound: behind");
+    h.fake.with(|w| w.silent = false);
+    h.pass(Duration::from_secs(3)).await;
+    assert!(h.caught_up());
+    assert!(
+        h.fake.consumers().len() > consumers,
+        "resumed by a new consumer"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_connection_resumes_every_consumer_and_is_no_gap() {
+    let (h, stream) = Harness::running("A", 3).await;
+    let gaps = h.coverage.gaps();
+    h.coverage.catch_up().connection_lost();
+    assert!(!h.caught_up());
+    h.fake.publish(&stream, display_subject("A", 40));
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.caught_up());
+    assert_eq!(h.coverage.gaps(), gaps);
+    assert!(
+        h.fake
+            .consumers()
+            .iter()
+            .any(|(_, start)| *start == Start::Sequence(4)),
+        "resumed after the last message applied"
+    );
+}
+
+fn partitioned() -> (Partitioning, StreamSettings) {
+    (
+        Partitioning {
+            partitions: 2,
+            partition: 0,
+            prefix: "chv".into(),
+        },
+        StreamSettings {
+            name: "CHAT_HISTORY_VIEW".into(),
+            create: true,
+            max_age: Duration::from_secs(300),
+            max_bytes: None,
+            replicas: 1,
+        },
+    )
+}
+
+/// The start sequence of `class_stream`'s source in the partitioned stream.
+fn source_start(fake: &Fake, class_stream: &str) -> Option<u64> {
+    fake.with(|w| {
+        w.streams["CHAT_HISTORY_VIEW"]
+            .config
+            .sources
+            .iter()
+            .flatten()
+            .find(|s| s.name == class_stream)
+            .and_then(|s| s.start_sequence)
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn partitioned_a_class_stream_created_after_the_start_is_sourced_from_its_first_message() {
+    let fake = Fake::default();
+    let a = fake.create("A");
+    fake.publish(&a, display_subject("A", 1));
+    let h = harness(fake, Some(partitioned()));
+    h.run();
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.coverage.is_live());
+    assert_eq!(
+        source_start(&h.fake, &a),
+        Some(2),
+        "an older stream: from now on"
+    );
+    let gaps = h.coverage.gaps();
+    let b = h.fake.create("B");
+    h.fake.publish(&b, display_subject("B", 1));
+    h.pass(Duration::from_secs(3)).await;
+    assert_eq!(
+        source_start(&h.fake, &b),
+        Some(1),
+        "a new stream: from its first message"
+    );
+    assert_ne!(
+        h.coverage.gaps(),
+        gaps,
+        "its class before it existed: a gap"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn partitioned_a_stalled_source_or_an_unsourced_class_stream_keeps_the_worker_behind() {
+    let fake = Fake::default();
+    let a = fake.create("A");
+    let h = harness(fake, Some(partitioned()));
+    h.run();
+    h.pass(Duration::from_secs(2)).await;
+    let healthy = SourceState {
+        name: a.clone(),
+        lag: 0,
+        active: Some(Duration::from_millis(500)),
+    };
+    h.fake
+        .stream("CHAT_HISTORY_VIEW", |s| s.sources = vec![healthy.clone()]);
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.caught_up());
+    h.fake.stream("CHAT_HISTORY_VIEW", |s| {
+        s.sources = vec![SourceState {
+            active: Some(Duration::from_secs(6)),
+            ..healthy.clone()
+        }];
+    });
+    h.pass(Duration::from_secs(2)).await;
+    assert!(!h.caught_up(), "a stalled source");
+    assert!(h.coverage.catch_up().is_behind(&Lane::Stalled(a.clone())));
+    h.fake
+        .stream("CHAT_HISTORY_VIEW", |s| s.sources = vec![healthy.clone()]);
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.caught_up(), "recovered");
+
+    // A class stream the operator has not added (a worker that may not update the stream).
+    h.source.judge_sources(
+        &state_of("CHAT_HISTORY_VIEW", &FakeStream::new("x", vec![])),
+        true,
+    );
+    let unsourced = Lane::Unsourced("agent_C_stream".into());
+    h.source
+        .inner
+        .tracker
+        .emit(super::SourceEvent::Blocked(&unsourced));
+    assert!(!h.caught_up());
+    assert!(
+        h.coverage.catch_up().blocked(),
+        "a read does not wait for it"
+    );
+}
