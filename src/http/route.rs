@@ -40,7 +40,7 @@ pub struct Peers {
     pub partitioning: Partitioning,
     /// `HISTORY_VIEW_PEER_URL`, with `{partition}`.
     url: String,
-    /// How long the owner may take (the read's store timeout: the owner answers within it itself).
+    /// The read's store timeout (`HISTORY_VIEW_STORE_TIMEOUT_MS`).
     timeout: Duration,
     client: Client<HttpConnector, Empty<Bytes>>,
     /// At most one warning a second about owners that did not answer.
@@ -58,7 +58,17 @@ pub enum ForwardError {
     Unreachable(String),
 }
 
+/// Beyond the owner's own bound: the hop there and back, and scheduling on a loaded machine.
+const HOP_MARGIN: Duration = Duration::from_millis(500);
+
 impl Peers {
+    /// How long the owner may take to answer a read: a wait for its JetStream source to catch up (at most half the
+    /// store timeout, `ViewCache::read`), then a store read within the store timeout, plus the hop. Waiting less
+    /// gave up on owners that were answering (and read the store a second time for the same thread).
+    fn owner_bound(&self) -> Duration {
+        self.timeout + self.timeout / 2 + HOP_MARGIN
+    }
+
     pub fn new(partitioning: Partitioning, url: String, timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -95,7 +105,7 @@ impl Peers {
         headers: &HeaderMap,
         waited: Duration,
     ) -> Result<Response<Body>, ForwardError> {
-        let timeout = self.timeout + waited;
+        let timeout = self.owner_bound() + waited;
         let exchange = async {
             let (parts, body) = self
                 .send(partition, method, uri, headers)
