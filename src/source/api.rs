@@ -23,6 +23,10 @@ pub const HEARTBEAT: Duration = Duration::from_secs(2);
 /// How long one pull request waits for messages.
 const EXPIRES: Duration = Duration::from_secs(10);
 
+/// A replica the leader has not heard from for this long does not count toward its quorum (nats-server's raft
+/// heartbeat is 1 s).
+pub const QUORUM_SILENCE: Duration = Duration::from_secs(3);
+
 /// Why a JetStream call failed, as far as the source's rules care.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
@@ -49,6 +53,11 @@ pub struct StreamState {
     /// anew at each restart of that server, which is no gap: it recovers the stream from its files before it
     /// accepts clients).
     pub leader: Option<String>,
+    /// Whether the leader has heard from enough replicas lately to store anything: false for a replicated stream
+    /// whose leader has heard from fewer than a majority (itself included) within [`QUORUM_SILENCE`]. A leader that
+    /// lost its quorum goes on answering for up to about 10 s (nats-server's lost-quorum interval) while storing
+    /// nothing.
+    pub quorum: bool,
     /// The oldest sequence still held; one past `last_seq` when empty.
     pub first_seq: u64,
     pub last_seq: u64,
@@ -318,6 +327,7 @@ fn state_of(info: &Info) -> StreamState {
         name: info.config.name.clone(),
         created: wall(info.created),
         leader: leader(info),
+        quorum: has_quorum(info),
         first_seq: info.state.first_sequence,
         last_seq: info.state.last_sequence,
         first_time: wall(first_time),
@@ -344,6 +354,23 @@ fn leader(info: &Info) -> Option<String> {
     info.cluster
         .as_ref()
         .and_then(|cluster| cluster.leader.clone())
+}
+
+/// Whether the leader of a replicated stream heard from a majority of its replicas (itself included) lately.
+fn has_quorum(info: &Info) -> bool {
+    let replicas = info.config.num_replicas;
+    if replicas <= 1 {
+        return true;
+    }
+    let Some(cluster) = info.cluster.as_ref() else {
+        return true;
+    };
+    let heard = cluster
+        .replicas
+        .iter()
+        .filter(|peer| !peer.offline && peer.active < QUORUM_SILENCE)
+        .count();
+    (1 + heard) * 2 > replicas
 }
 
 /// A server timestamp on the wall clock; the zero time of an empty stream (year 1) as the epoch.

@@ -286,6 +286,14 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
             return Err(Ended::Recreated);
         }
         let drained = position.confirm(&before, &consumer_state, delivered);
+        if !after.quorum {
+            // Its leader may be storing nothing: not confirmed, so the lease lapses and the stream is behind.
+            tracing::debug!(
+                stream = name,
+                "the stream's leader has not heard from a quorum of its replicas lately"
+            );
+            return Ok(false);
+        }
         self.inner.tracker.emit(SourceEvent::Confirmed {
             lane,
             generation,

@@ -115,6 +115,7 @@ mod tests {
             name: "s".into(),
             created: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000),
             leader: Some("n1".into()),
+            quorum: true,
             first_seq,
             last_seq,
             first_time: SystemTime::UNIX_EPOCH,

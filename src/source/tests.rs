@@ -43,6 +43,7 @@ struct Stored {
 struct FakeStream {
     created: SystemTime,
     leader: Option<String>,
+    quorum: bool,
     subjects: Vec<String>,
     messages: BTreeMap<u64, Stored>,
     last_seq: u64,
@@ -56,6 +57,7 @@ impl FakeStream {
         Self {
             created: SystemTime::now(),
             leader: None,
+            quorum: true,
             subjects,
             messages: BTreeMap::new(),
             last_seq: 0,
@@ -244,6 +246,7 @@ fn state_of(name: &str, stream: &FakeStream) -> StreamState {
         name: name.to_owned(),
         created: stream.created,
         leader: stream.leader.clone(),
+        quorum: stream.quorum,
         first_seq: stream.first_seq(),
         last_seq: stream.last_seq,
         first_time: stream
@@ -650,6 +653,17 @@ async fn a_silent_stream_is_behind_within_the_bound_and_catches_up_after_a_new_c
         h.fake.consumers().len() > consumers,
         "resumed by a new consumer"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_that_lost_its_quorum_is_behind_within_the_bound() {
+    let (h, stream) = Harness::running("A", 1).await;
+    h.fake.stream(&stream, |s| s.quorum = false);
+    h.pass(LAG).await;
+    assert!(!h.caught_up(), "it answers, but may store nothing: behind");
+    h.fake.stream(&stream, |s| s.quorum = true);
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.caught_up());
 }
 
 #[tokio::test(start_paused = true)]
