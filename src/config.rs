@@ -54,6 +54,13 @@ pub struct Config {
     #[arg(long = "jetstream-replay-secs", env = "HISTORY_VIEW_JETSTREAM_REPLAY_SECS", value_parser = parse_secs_or_zero)]
     pub jetstream_replay: Option<Duration>,
 
+    /// The JetStream source's Core witness: a Core subscription to the display-event subjects; an event no
+    /// consumed stream delivered (no stream for its class, a full stream with discard new, a leader without quorum)
+    /// makes its thread hydrate again. Off by default: it costs about 1.2x the worker's CPU per event (P12), and a
+    /// partitioned worker would receive every event on Core.
+    #[arg(long, env = "HISTORY_VIEW_JETSTREAM_WITNESS", default_value = "false", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub jetstream_witness: bool,
+
     /// Workers the threads are partitioned among (JetStream source only): each consumes its partition of one
     /// stream that sources the class streams through a subject transform, and forwards reads of other threads to
     /// their owner (HISTORY_VIEW_PEER_URL). 1: every worker holds every thread.
@@ -380,6 +387,11 @@ impl Config {
             persist_lag: self.persist_lag,
             shadow: self.shadow_sample > 0.0,
         }
+    }
+
+    /// Whether the JetStream source keeps a Core witness.
+    pub fn witness(&self) -> bool {
+        self.source == Source::JetStream && self.jetstream_witness
     }
 
     /// What the JetStream source needs.
@@ -972,6 +984,7 @@ mod tests {
                 "jetstream-replay-secs",
                 "HISTORY_VIEW_JETSTREAM_REPLAY_SECS",
             ),
+            ("jetstream-witness", "HISTORY_VIEW_JETSTREAM_WITNESS"),
             ("partitions", "HISTORY_VIEW_PARTITIONS"),
             ("partition", "HISTORY_VIEW_PARTITION"),
             ("jetstream-stream", "HISTORY_VIEW_JETSTREAM_STREAM"),

@@ -264,6 +264,12 @@ impl Coverage {
         self.inner.alive[bucket].fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// An event of a thread in `bucket` may have been missed (the Core witness saw it, no stream delivered it): its
+    /// views are partial from `now`, and complete again only from a store read started the bound after it.
+    pub fn thread_gap(&self, bucket: usize, now: Stamp) {
+        self.removed(bucket, now);
+    }
+
     fn removed(&self, bucket: usize, now: Stamp) {
         advance(&self.inner.removals[bucket], now);
     }

@@ -271,6 +271,7 @@ struct Inner {
     jetstream_gaps: IntCounterVec,
     jetstream_streams: IntGauge,
     jetstream_behind: IntGauge,
+    jetstream_witnessed: IntCounterVec,
     read_routes: IntCounterVec,
     shadow_checks: IntCounterVec,
     /// `history_view_shadow_checks_total{result="dropped"}`, resolved once: with a high sample, most reads count it.
@@ -544,6 +545,13 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            jetstream_witnessed: register(&registry, &mut described,
+                counter_vec(
+                    "history_view_jetstream_witnessed_total",
+                    "JetStream source's Core witness: display events seen on Core NATS, by result (delivered by a stream; missing: no stream delivered it, a gap of its thread; overflow: given up unjudged, a gap of every view)",
+                    &["result"],
+                ),
+            ),
             jetstream_behind: register(&registry, &mut described,
                 IntGauge::new(
                     "history_view_jetstream_behind",
@@ -705,6 +713,11 @@ impl Metrics {
         preset(
             &inner.jetstream_resumes,
             &[ResumeOutcome::Continued, ResumeOutcome::Gap].map(ResumeOutcome::label),
+        );
+        preset(
+            &inner.jetstream_witnessed,
+            &crate::source::witness::WitnessOutcome::ALL
+                .map(crate::source::witness::WitnessOutcome::label),
         );
         preset(
             &inner.jetstream_gaps,
@@ -959,6 +972,21 @@ impl Metrics {
         self.inner.jetstream_gaps.with_label_values(&[cause]).inc();
     }
 
+    /// One event judged by the Core witness.
+    pub fn witness(&self, outcome: crate::source::witness::WitnessOutcome) {
+        self.witnesses(outcome, 1);
+    }
+
+    /// `count` events judged by the Core witness alike.
+    pub fn witnesses(&self, outcome: crate::source::witness::WitnessOutcome, count: u64) {
+        if count > 0 {
+            self.inner
+                .jetstream_witnessed
+                .with_label_values(&[outcome.label()])
+                .inc_by(count);
+        }
+    }
+
     /// A stream is consumed (1) or no longer (-1).
     pub fn jetstream_streams(&self, change: i64) {
         self.inner.jetstream_streams.add(change);
@@ -1152,7 +1180,7 @@ mod tests {
     /// Dashboards and alerts name these metrics and labels: a rename here is a breaking change for operators.
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 47] = [
+        let pinned: [(&str, &[&str]); 48] = [
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
             ("history_view_cache_hits_total", &[]),
@@ -1183,6 +1211,7 @@ mod tests {
             ("history_view_jetstream_resumes_total", &["outcome"]),
             ("history_view_jetstream_gaps_total", &["cause"]),
             ("history_view_jetstream_streams", &[]),
+            ("history_view_jetstream_witnessed_total", &["result"]),
             ("history_view_jetstream_behind", &[]),
             ("history_view_read_routes_total", &["route"]),
             ("history_view_shadow_events_total", &["result"]),

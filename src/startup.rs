@@ -24,7 +24,7 @@ use crate::metrics::Metrics;
 use crate::readiness::Readiness;
 use crate::source::api::NatsApi;
 use crate::source::core::{self, ProbeSubscription};
-use crate::source::{JetStreamSource, Timing, Tracker};
+use crate::source::{JetStreamSource, Timing, Tracker, Witness};
 use crate::store::Store;
 
 /// The OpenAPI description of the HTTP API, served as JSON at `/openapi.json`.
@@ -41,6 +41,8 @@ pub struct Application {
     nats: async_nats::Client,
     /// Core NATS: the subscription and its confirmation probe; `None` with the JetStream source.
     core: Option<(async_nats::Subscriber, ProbeSubscription)>,
+    /// JetStream with `HISTORY_VIEW_JETSTREAM_WITNESS`: the Core witness's subscription.
+    witness: Option<async_nats::Subscriber>,
     connection_events: mpsc::Receiver<async_nats::Event>,
     coverage: Coverage,
     freshness: Freshness,
@@ -120,6 +122,20 @@ impl Application {
             }
             Source::JetStream => None,
         };
+        let witness = if config.witness() {
+            Some(
+                nats.subscribe(config.subject.clone())
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "cannot subscribe to {} (--subject) for the Core witness (HISTORY_VIEW_JETSTREAM_WITNESS)",
+                            config.subject
+                        )
+                    })?,
+            )
+        } else {
+            None
+        };
 
         let listener = TcpListener::bind(config.listen)
             .await
@@ -156,6 +172,7 @@ impl Application {
             store,
             nats,
             core,
+            witness,
             connection_events,
             coverage,
             freshness,
@@ -181,6 +198,7 @@ impl Application {
             store,
             nats,
             core,
+            witness,
             connection_events,
             coverage,
             freshness,
@@ -224,11 +242,22 @@ impl Application {
             }
             None => {
                 state.readiness.set_subscribed(true);
+                let witness = witness.map(|subscriber| {
+                    let witness = Witness::new(
+                        coverage.clone(),
+                        ingest.freshness().clone(),
+                        state.metrics.clone(),
+                        config.partitioning(),
+                    );
+                    tracker.spawn(witness.clone().run(subscriber, stop.clone()));
+                    witness
+                });
                 let events = Tracker::new(
                     coverage,
                     ingest.freshness().clone(),
                     state.metrics.clone(),
                     Timing::for_lag(config.persist_lag),
+                    witness,
                 );
                 let source = JetStreamSource::new(
                     NatsApi::new(nats.clone()),

@@ -114,7 +114,7 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
         "P1",
         &format!("serializing {n} events over {threads} threads"),
     );
-    let messages: Arc<[Message]> = live_messages(n, threads).into();
+    let messages = messages(n);
     let bytes: usize = messages
         .iter()
         .map(|m| m.subject.len() + m.payload.len())
@@ -242,6 +242,11 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
         ),
     ));
     rows
+}
+
+/// P1's `n` messages over its threads.
+pub fn messages(n: usize) -> Arc<[Message]> {
+    live_messages(n, THREADS.min(n).max(1)).into()
 }
 
 /// `n` messages, round-robin over `threads` threads: each thread's first event is its marker, the rest chunks.

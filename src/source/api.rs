@@ -187,9 +187,17 @@ impl Api for NatsApi {
         let mut names = self.context.stream_names();
         let mut all = Vec::new();
         while let Some(name) = names.next().await {
-            all.push(name.map_err(|error| match error.kind() {
-                StreamsErrorKind::NoResponders => ApiError::Unavailable(error.to_string()),
-                _ => classify_text(&error),
+            all.push(name.map_err(|error| {
+                // The listing wraps the request's error: a request nothing answers is JetStream off.
+                let source = std::error::Error::source(&error)
+                    .and_then(|e| e.downcast_ref::<async_nats::jetstream::context::RequestError>());
+                match (error.kind(), source.map(|e| e.kind())) {
+                    (StreamsErrorKind::NoResponders, _)
+                    | (_, Some(StreamsErrorKind::NoResponders)) => {
+                        ApiError::Unavailable(error.to_string())
+                    }
+                    _ => classify_text(&error),
+                }
             })?);
         }
         Ok(all)
@@ -393,12 +401,16 @@ fn classify(code: ErrorCode, error: &impl std::fmt::Display) -> ApiError {
     }
 }
 
-/// Any other error by what it says: no responders is JetStream off (nothing serves `$JS.API`), a permissions
+/// Any other error by what it says (its chain included): no responders ("requested JetStream resource does not
+/// exist") is JetStream off (nothing serves `$JS.API`), a permissions
 /// violation is a refusal.
 fn classify_text(error: &impl std::fmt::Display) -> ApiError {
     let text = error.to_string();
     let lower = text.to_ascii_lowercase();
-    if lower.contains("no responders") || lower.contains("not enabled") {
+    if lower.contains("no responders")
+        || lower.contains("not enabled")
+        || lower.contains("resource does not exist")
+    {
         ApiError::Unavailable(text)
     } else if lower.contains("permission") || lower.contains("authorization") {
         ApiError::Denied(text)

@@ -212,6 +212,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                     position.applied = Some(delivery.stream_seq);
                     tracker.emit(SourceEvent::Applied {
                         stream: name,
+                        subject,
                         sequence: delivery.stream_seq,
                         pending: delivery.pending,
                         published: delivery.published,

@@ -28,9 +28,11 @@ mod partitioned;
 mod rule;
 #[cfg(test)]
 mod tests;
+pub mod witness;
 
 pub use catch_up::{CatchUp, Lane};
 pub use discovery::{JetStreamSettings, JetStreamSource, filter_subjects, matches_pattern};
+pub use witness::Witness;
 
 /// Added to a moment read off the server's clock: the server's clock may run behind the worker's.
 pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
@@ -118,6 +120,8 @@ pub enum SourceEvent<'a> {
     /// A message of `stream` was applied; the consumer had `pending` more to deliver.
     Applied {
         stream: &'a str,
+        /// The original display-event subject.
+        subject: &'a str,
         sequence: u64,
         pending: u64,
         published: SystemTime,
@@ -156,15 +160,24 @@ pub struct Tracker {
     freshness: Freshness,
     metrics: Metrics,
     timing: Timing,
+    /// The Core witness, told of every delivery.
+    witness: Option<Witness>,
 }
 
 impl Tracker {
-    pub fn new(coverage: Coverage, freshness: Freshness, metrics: Metrics, timing: Timing) -> Self {
+    pub fn new(
+        coverage: Coverage,
+        freshness: Freshness,
+        metrics: Metrics,
+        timing: Timing,
+        witness: Option<Witness>,
+    ) -> Self {
         Self {
             coverage,
             freshness,
             metrics,
             timing,
+            witness,
         }
     }
 
@@ -191,11 +204,15 @@ impl Tracker {
             }
             SourceEvent::Applied {
                 stream,
+                subject,
                 sequence,
                 pending,
                 published,
             } => {
                 self.metrics.jetstream_applied(stream, sequence, pending);
+                if let Some(witness) = &self.witness {
+                    witness.delivered(subject);
+                }
                 if pending == 0 {
                     // Nothing was left behind it when it was delivered: every message stored up to it is applied
                     // (or its loss is found by the stream's next check, within the silence bound).

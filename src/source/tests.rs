@@ -380,6 +380,7 @@ fn harness(fake: Fake, partitioned: Option<(Partitioning, StreamSettings)>) -> H
         freshness.clone(),
         Metrics::new(),
         Timing::for_lag(LAG),
+        None,
     );
     let applied = Applied::default();
     let source = JetStreamSource::new(

@@ -346,3 +346,63 @@ async fn random_threads_through_the_jetstream_source_equal_the_projector_and_a_c
         );
     }
 }
+
+/// An event of a class no stream captures (aihub publishes it on Core NATS and persists it; no class stream exists
+/// for it): the Core witness sees it and no stream delivers it, so its thread hydrates again. Beside it a worker
+/// without the witness serves the stale view from memory for longer than the bound: the case the witness covers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_no_stream_captures_is_witnessed_on_core_and_never_missing_from_memory_past_the_bound()
+ {
+    const BOUND: Duration = Duration::from_millis(2_000);
+    let scene = Scene::new().await;
+    let thread = "t-js-witness";
+    // Only the user's class has a stream: the agent's chunks reach Core NATS and the store, no stream.
+    create_class_streams(&scene.nats.url(), ["UserAgent".into()]).await;
+    let witnessed = scene
+        .worker(
+            scene.nats.url(),
+            &[JETSTREAM, ("HISTORY_VIEW_JETSTREAM_WITNESS", "true")],
+        )
+        .await;
+    let blind = scene.worker(scene.nats.url(), &[JETSTREAM]).await;
+    let first = user_row(thread, "d1", "e1", now_ns(0), "Q");
+    scene.store.insert_rows(std::slice::from_ref(&first)).await;
+    publish_rows(&scene.publisher, &[first]).await;
+    read_until_cache(&witnessed.api, thread, "").await;
+    read_until_cache(&blind.api, thread, "").await;
+
+    let answer = chunk_row(thread, "d1", "A", "e2", now_ns(1), "unstreamed");
+    scene.store.insert_rows(std::slice::from_ref(&answer)).await;
+    let stored = Instant::now();
+    publish_rows(&scene.publisher, &[answer]).await;
+    let expected = turns(&[("user", "Q"), ("assistant", "unstreamed")]);
+    let mut blind_stale_past_bound = false;
+    let mut served_complete = false;
+    while stored.elapsed() < BOUND * 3 || !served_complete {
+        let read = witnessed.api.history(thread, "").await;
+        let complete = messages(&read) == expected;
+        assert!(
+            complete || read.source() != Some("cache") || stored.elapsed() < BOUND,
+            "served from memory without an event stored {:?} ago: {}",
+            stored.elapsed(),
+            read.body
+        );
+        served_complete |= complete && read.source() == Some("cache");
+        let other = blind.api.history(thread, "").await;
+        blind_stale_past_bound |= other.source() == Some("cache")
+            && messages(&other) != expected
+            && stored.elapsed() > BOUND;
+        assert!(stored.elapsed() < Duration::from_secs(20), "{}", read.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        blind_stale_past_bound,
+        "without the witness the view stays stale: the case is real"
+    );
+    assert!(
+        metric(
+            &witnessed.api.metrics().await,
+            "history_view_jetstream_witnessed_total{result=\"missing\"}"
+        ) >= 1.0
+    );
+}
