@@ -45,8 +45,17 @@ impl NatsServer {
         Self::start_with(Vec::new())
     }
 
+    /// A nats-server without JetStream (Core NATS only): a JetStream worker fails closed against it.
+    pub fn start_without_jetstream() -> Self {
+        Self::start_args(false, Vec::new())
+    }
+
     /// A server with `extra` arguments (a cluster's name and routes).
     fn start_with(extra: Vec<String>) -> Self {
+        Self::start_args(true, extra)
+    }
+
+    fn start_args(jetstream: bool, extra: Vec<String>) -> Self {
         let port = free_port();
         let dir = temp_dir("nats");
         let mut args = vec![
@@ -54,10 +63,14 @@ impl NatsServer {
             "127.0.0.1".into(),
             "-p".into(),
             port.to_string(),
-            "-js".into(),
-            "-sd".into(),
-            dir.join("js").display().to_string(),
         ];
+        if jetstream {
+            args.extend([
+                "-js".into(),
+                "-sd".into(),
+                dir.join("js").display().to_string(),
+            ]);
+        }
         args.extend(extra);
         Self {
             process: Process::start(
@@ -80,6 +93,11 @@ impl NatsServer {
 
     pub fn stop(&mut self) {
         self.process.stop();
+    }
+
+    /// SIGKILL at once, as a crashed node: no goodbye to its routes, no leadership handed over.
+    pub fn kill(&mut self) {
+        self.process.kill();
     }
 
     /// Starts the server again on the same port (after `stop`).

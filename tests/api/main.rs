@@ -56,6 +56,9 @@ mod jetstream;
 mod srv;
 // Partitioned workers on a JetStream subject transform.
 mod partitioned;
+// JetStream retention and faults read through: expiry, purges, limits, a killed leader, no stream, no JetStream,
+// new class streams; no answer from memory lacks what was stored more than the persister-lag bound before.
+mod retention;
 // What operators install: a real Prometheus scraping workers, the dashboard's and alerts' expressions, promtool,
 // replicas answering alike.
 mod monitoring;

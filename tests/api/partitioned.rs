@@ -119,7 +119,7 @@ async fn the_owner_of_a_thread_is_the_partition_nats_server_routes_it_to() {
 /// connection takes one), and a prefix is handed out once per process: two deployments of concurrent tests never
 /// share one (a worker that cannot bind its port while another test's worker answers on it would otherwise look
 /// ready).
-fn port_prefix(partitions: u16) -> u16 {
+pub(crate) fn port_prefix(partitions: u16) -> u16 {
     const PREFIXES: std::ops::Range<u16> = 2000..3276;
     static TAKEN: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
     assert!(partitions <= 10, "one digit per partition");

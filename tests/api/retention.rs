@@ -1,0 +1,1318 @@
+//! JetStream retention and faults, read through (`HISTORY_VIEW_SOURCE=jetstream`, the built binary, real servers).
+//! In each scenario a [`Reader`] keeps reading a thread every 50 ms during and after the fault and holds every
+//! answer to the promise: no answer served from memory (`X-History-Source: cache`, 200) lacks an event stored in
+//! the store more than the persister-lag bound before the read started (and no answer from the store lacks one
+//! stored before it started). Each ends with the answer equal to the reference (the projector over the stored rows)
+//! and to a fresh worker's cold read. The faults: a chunk that aged out of a class stream (`max_age`) or was purged
+//! while the worker was frozen; bursts past a class stream's `max_msgs` and past the partitioned stream's
+//! `HISTORY_VIEW_JETSTREAM_MAX_BYTES`; the partitioned stream purged while the owner was frozen; the leader of an R3
+//! class stream killed; no stream matching `HISTORY_VIEW_JETSTREAM_STREAMS`; a nats-server without JetStream; a
+//! class stream created while workers run (class streams and partitioned).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream};
+use chat_history_view::partition::owner;
+use chat_history_view::project::project;
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+
+use crate::helpers::{
+    Api, BinaryApp, TestStore, chunk_row, encode, metric, publish_rows, unique, user_row,
+};
+use crate::partitioned::port_prefix;
+use crate::projector::decode_rows;
+use crate::scene::{Scene, now_ns, read_until_cache, wait_metric};
+use test_support::class_streams::{create_class_streams, create_replicated_class_streams};
+use test_support::rows::publish_stored;
+use test_support::scrape::metric_sum;
+use test_support::servers::{MongoServer, NatsCluster, NatsServer};
+
+/// The persister-lag bound every worker here runs with (the default, set explicitly: the promise is stated in it).
+const LAG: Duration = Duration::from_millis(2_000);
+const LAG_SETTING: (&str, &str) = ("HISTORY_VIEW_PERSIST_LAG_MS", "2000");
+/// The bound of the burst scenarios (see there).
+const BURST_LAG: Duration = Duration::from_millis(5_000);
+const JETSTREAM: (&str, &str) = ("HISTORY_VIEW_SOURCE", "jetstream");
+/// How often a reader starts a read. While more than [`FEW_IN_FLIGHT`] of its reads wait (on a frozen worker), it
+/// starts one every [`READ_EVERY_WAITING`] only, up to [`MAX_IN_FLIGHT`]: reads started all through a freeze wait
+/// for the worker's first answers when it wakes up.
+const READ_EVERY: Duration = Duration::from_millis(50);
+const FEW_IN_FLIGHT: usize = 4;
+const READ_EVERY_WAITING: Duration = Duration::from_millis(250);
+const MAX_IN_FLIGHT: usize = 120;
+
+// ---------------------------------------------------------------------------------------------------------------
+// What was stored, and when: the promise's ledger.
+
+/// One stored row, its token (the bracketed text it shows in an answer) and when its insert returned.
+struct Stored {
+    row: Value,
+    token: String,
+    at: Instant,
+}
+
+/// Every row a scenario stored, per thread, with the instant its insert returned (the latest it can have been
+/// stored: the promise is checked against that, never against an earlier instant).
+#[derive(Clone)]
+struct Ledger {
+    threads: Arc<Mutex<HashMap<String, Vec<Stored>>>>,
+    /// The persister-lag bound of the workers read (the promise is stated in it).
+    lag: Duration,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self::with_lag(LAG)
+    }
+}
+
+impl Ledger {
+    fn with_lag(lag: Duration) -> Self {
+        Self {
+            threads: Arc::default(),
+            lag,
+        }
+    }
+
+    /// The worker setting of the bound.
+    fn lag_setting(&self) -> String {
+        self.lag.as_millis().to_string()
+    }
+    /// Inserts `rows` (in order) and records them.
+    async fn store(&self, store: &TestStore, rows: &[Value]) {
+        store.insert_rows(rows).await;
+        let at = Instant::now();
+        let mut threads = self.threads.lock().unwrap();
+        for row in rows {
+            let thread = row["thread_id"].as_str().expect("a thread").to_owned();
+            threads.entry(thread).or_default().push(Stored {
+                token: token(row),
+                row: row.clone(),
+                at,
+            });
+        }
+    }
+
+    fn rows(&self, thread: &str) -> Vec<Value> {
+        self.threads
+            .lock()
+            .unwrap()
+            .get(thread)
+            .map(|stored| stored.iter().map(|s| s.row.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The tokens of `thread`'s rows stored more than `bound` before `started` that `body` lacks, each with how
+    /// long before the read it was stored.
+    fn missing(&self, thread: &str, body: &str, started: Instant, bound: Duration) -> Vec<String> {
+        self.threads
+            .lock()
+            .unwrap()
+            .get(thread)
+            .map(|stored| {
+                stored
+                    .iter()
+                    .filter(|s| s.at + bound < started && !body.contains(&s.token))
+                    .map(|s| format!("{} (stored {:?} before the read)", s.token, started - s.at))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The answer a thread must read as: the projector over its stored rows.
+    fn reference(&self, thread: &str) -> String {
+        let projected = project(&decode_rows(&self.rows(thread)), None);
+        serde_json::to_string(&json!({"thread_id": thread, "messages": projected.history.messages}))
+            .expect("serializes")
+    }
+}
+
+/// The bracketed start of a row's text (`[c12]`), which shows in any answer holding the row.
+fn token(row: &Value) -> String {
+    let data = &row["event_data"];
+    let text = data["content"]
+        .as_str()
+        .or_else(|| data["messages"][0]["blocks"][0]["text"].as_str())
+        .expect("a chunk or a user message");
+    let end = text.find(']').expect("a bracketed token");
+    text[..=end].to_owned()
+}
+
+/// A `created_at` (ns) that is now and later than every one handed out before, so rows sort as made.
+fn stamp() -> i64 {
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let now = now_ns(0);
+    let previous = LAST
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
+            Some(now.max(last + 1))
+        })
+        .expect("always updates");
+    now.max(previous + 1)
+}
+
+/// The user turn opening `thread` (visible: its display's marker).
+fn question(thread: &str) -> Value {
+    user_row(
+        thread,
+        "d1",
+        &format!("q-{thread}"),
+        stamp(),
+        &format!("[q-{thread}]"),
+    )
+}
+
+/// Chunk `n` of `thread`'s answer from an agent of `class`, its text padded with `pad` bytes.
+fn chunk(thread: &str, class: &str, n: usize, pad: usize) -> Value {
+    let text = format!("[c{n}]{}", "x".repeat(pad));
+    chunk_row(thread, "d1", class, &format!("c{n}"), stamp(), &text)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The promise, checked on every answer.
+
+/// What one read saw.
+#[derive(Default, Debug)]
+struct Report {
+    reads: usize,
+    cache: usize,
+    store: usize,
+    /// 503 `store_unavailable`: no answer, so no breach of the promise (an overloaded store), but counted.
+    unavailable: usize,
+    slowest: Duration,
+    violations: Vec<String>,
+}
+
+impl Report {
+    fn add(&mut self, other: Report) {
+        self.reads += other.reads;
+        self.cache += other.cache;
+        self.store += other.store;
+        self.unavailable += other.unavailable;
+        self.slowest = self.slowest.max(other.slowest);
+        self.violations.extend(other.violations);
+    }
+
+    fn assert_kept(&self, what: &str) {
+        eprintln!(
+            "{what}: {} reads ({} from memory, {} from the store, {} store unavailable), slowest {:?}",
+            self.reads, self.cache, self.store, self.unavailable, self.slowest
+        );
+        assert!(
+            self.violations.is_empty(),
+            "{what}: {} of {} answers broke the promise:\n{}",
+            self.violations.len(),
+            self.reads,
+            self.violations
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
+/// One answer held to the promise: a 200; from memory, nothing stored more than the bound before the read
+/// started is missing; from the store, nothing stored before it started is.
+fn judge(
+    ledger: &Ledger,
+    thread: &str,
+    started: Instant,
+    status: u16,
+    source: Option<&str>,
+    body: &str,
+) -> Report {
+    let mut report = Report {
+        reads: 1,
+        slowest: started.elapsed(),
+        ..Report::default()
+    };
+    if status == 503 && body.contains("store_unavailable") && source.is_none() {
+        report.unavailable += 1;
+        return report;
+    }
+    if status != 200 {
+        report
+            .violations
+            .push(format!("{thread}: {status} ({source:?}) {body}"));
+        return report;
+    }
+    let missing = match source {
+        Some("cache") => {
+            report.cache += 1;
+            ledger.missing(thread, body, started, ledger.lag)
+        }
+        Some("store") => {
+            report.store += 1;
+            ledger.missing(thread, body, started, Duration::ZERO)
+        }
+        other => {
+            report
+                .violations
+                .push(format!("{thread}: no known source {other:?}: {body}"));
+            return report;
+        }
+    };
+    if !missing.is_empty() {
+        report.violations.push(format!(
+            "{thread}: an answer from {} ({:?} after the read started) lacks {}: {body}",
+            source.unwrap_or_default(),
+            started.elapsed(),
+            missing.join(", ")
+        ));
+    }
+    report
+}
+
+/// Reads `thread` through `api` and judges the answer; also returns the body and source.
+async fn read_judged(api: &Api, thread: &str, ledger: &Ledger) -> (Report, String, Option<String>) {
+    let started = Instant::now();
+    let url = format!("{}/v1/threads/{}/history", api.address, encode(thread));
+    match api
+        .http
+        .get(url)
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+    {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let source = response
+                .headers()
+                .get(chat_history_view::http::SOURCE_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let body = response.text().await.unwrap_or_default();
+            let report = judge(ledger, thread, started, status, source.as_deref(), &body);
+            (report, body, source)
+        }
+        Err(error) => {
+            let report = Report {
+                reads: 1,
+                violations: vec![format!("{thread}: the read failed: {error}")],
+                ..Report::default()
+            };
+            (report, String::new(), None)
+        }
+    }
+}
+
+/// Keeps reading a thread (every [`READ_EVERY`], through its APIs in turn, at most [`MAX_IN_FLIGHT`] reads
+/// waiting) and judges every answer, until [`Reader::finish`].
+struct Reader {
+    thread: String,
+    running: Arc<AtomicBool>,
+    latest: Arc<Mutex<Option<Instant>>>,
+    task: tokio::task::JoinHandle<Report>,
+}
+
+impl Reader {
+    fn start(apis: Vec<Api>, thread: &str, ledger: &Ledger) -> Self {
+        let running = Arc::new(AtomicBool::new(true));
+        let latest = Arc::new(Mutex::new(None));
+        let task = {
+            let (running, latest, thread, ledger) = (
+                running.clone(),
+                latest.clone(),
+                thread.to_owned(),
+                ledger.clone(),
+            );
+            tokio::spawn(async move {
+                let mut reads = JoinSet::new();
+                let mut report = Report::default();
+                let mut tick = tokio::time::interval(READ_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut turn = 0usize;
+                let mut last = Instant::now();
+                while running.load(Ordering::SeqCst) {
+                    tick.tick().await;
+                    while let Some(done) = reads.try_join_next() {
+                        report.add(done.expect("a read"));
+                    }
+                    let due = reads.len() < FEW_IN_FLIGHT
+                        || (reads.len() < MAX_IN_FLIGHT && last.elapsed() >= READ_EVERY_WAITING);
+                    if due {
+                        let api = apis[turn % apis.len()].clone();
+                        turn += 1;
+                        last = Instant::now();
+                        *latest.lock().unwrap() = Some(last);
+                        let (thread, ledger) = (thread.clone(), ledger.clone());
+                        reads.spawn(async move { read_judged(&api, &thread, &ledger).await.0 });
+                    }
+                }
+                while let Some(done) = reads.join_next().await {
+                    report.add(done.expect("a read"));
+                }
+                report
+            })
+        };
+        Self {
+            thread: thread.to_owned(),
+            running,
+            latest,
+            task,
+        }
+    }
+
+    /// Waits until a read started after `instant` (a frozen worker's reads wait, so they are what it answers on
+    /// waking up).
+    async fn wait_started_after(&self, instant: Instant) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self
+            .latest
+            .lock()
+            .unwrap()
+            .is_none_or(|latest| latest <= instant)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{}: the reader stopped reading",
+                self.thread
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops reading, waits for the reads still waiting, and asserts that every answer kept the promise.
+    async fn finish(self) -> Report {
+        self.running.store(false, Ordering::SeqCst);
+        let report = self.task.await.expect("the reader");
+        report.assert_kept(&format!("reader of {}", self.thread));
+        assert!(report.reads > 0, "{}: no read", self.thread);
+        report
+    }
+}
+
+/// The lines of `/metrics` that say what the source and the views went through (printed with a failure).
+async fn diagnostics(api: &Api) -> String {
+    const FAMILIES: [&str; 9] = [
+        "history_view_jetstream_",
+        "history_view_persister_lag_exceeded",
+        "history_view_views_downgraded",
+        "history_view_background_rereads",
+        "history_view_hydrations_total",
+        "history_view_ready",
+        "history_view_store_errors",
+        "history_view_hydration_slot_timeouts",
+        "history_view_read_routes",
+    ];
+    api.metrics()
+        .await
+        .lines()
+        .filter(|l| !l.starts_with('#') && FAMILIES.iter().any(|f| l.starts_with(f)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Reads `thread` through `api` until it is served from memory equal to the reference, judging every answer on
+/// the way; returns the body.
+async fn settle(api: &Api, thread: &str, ledger: &Ledger, limit: Duration) -> String {
+    let reference = ledger.reference(thread);
+    let begun = Instant::now();
+    let deadline = begun + limit;
+    let mut report = Report::default();
+    loop {
+        let (judged, body, source) = read_judged(api, thread, ledger).await;
+        report.add(judged);
+        assert!(
+            report.violations.is_empty(),
+            "settling {thread}: {}",
+            report.violations.join("\n")
+        );
+        if source.as_deref() == Some("cache") && body == reference {
+            if std::env::var_os("RETENTION_TRACE").is_some() {
+                eprintln!(
+                    "settled {thread} in {:?} after {} reads ({} from the store)",
+                    begun.elapsed(),
+                    report.reads,
+                    report.store
+                );
+            }
+            if report.unavailable > 0 {
+                eprintln!(
+                    "settling {thread}: {} answers were 503 store_unavailable",
+                    report.unavailable
+                );
+            }
+            return body;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "{thread} never served from memory equal to the reference within {limit:?}:\n got ({source:?}) {body}\nwant {reference}\n{}",
+                diagnostics(api).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A fresh Core worker's cold reads (from the store) of `threads` equal the reference.
+async fn cold_reads_equal(
+    nats_url: String,
+    mongo_uri: String,
+    database: String,
+    threads: &[String],
+    ledger: &Ledger,
+) {
+    let cold = BinaryApp::start(&[
+        ("HISTORY_VIEW_NATS_URL", nats_url),
+        ("HISTORY_VIEW_MONGODB_URI", mongo_uri),
+        ("HISTORY_VIEW_MONGODB_DATABASE", database),
+        // The reference, not what is tested: the test's Mongo-wire server may be busy with the other workers.
+        ("HISTORY_VIEW_STORE_TIMEOUT_MS", "15000".to_owned()),
+    ])
+    .await;
+    cold.wait_ready().await;
+    for thread in threads {
+        let reply = cold.api.history(thread, "").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.source(), Some("store"), "{thread}: a cold read");
+        assert_eq!(
+            reply.body,
+            ledger.reference(thread),
+            "{thread}: a cold read"
+        );
+    }
+}
+
+/// Prints how long a test took, passed or failed.
+struct Timed(&'static str, Instant);
+
+impl Timed {
+    fn new(name: &'static str) -> Self {
+        Self(name, Instant::now())
+    }
+}
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        eprintln!("TIMING {}: {:?}", self.0, self.1.elapsed());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Streams and waits.
+
+/// aihub's class stream of `class`, with `limits` applied to its configuration.
+async fn create_limited_class_stream(
+    nats_url: &str,
+    class: &str,
+    limits: impl FnOnce(&mut stream::Config),
+) {
+    let client = async_nats::connect(nats_url).await.expect("nats client");
+    let mut config = stream::Config {
+        name: format!("agent_{class}_stream"),
+        subjects: vec![format!("agent.{class}.*.*.*.*.*.*.*")],
+        storage: stream::StorageType::File,
+        ..Default::default()
+    };
+    limits(&mut config);
+    jetstream::new(client)
+        .create_stream(config)
+        .await
+        .expect("a class stream with limits");
+}
+
+async fn stream_state(context: &jetstream::Context, name: &str) -> stream::State {
+    context
+        .get_stream(name)
+        .await
+        .expect("the stream")
+        .info()
+        .await
+        .expect("its info")
+        .state
+        .clone()
+}
+
+/// Waits until `name`'s state satisfies `done` (it says what it waits for).
+async fn wait_stream(
+    context: &jetstream::Context,
+    name: &str,
+    what: &str,
+    done: impl Fn(&stream::State) -> bool,
+) -> stream::State {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let state = stream_state(context, name).await;
+        if done(&state) {
+            return state;
+        }
+        assert!(Instant::now() < deadline, "{name}: {what}: {state:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn gaps(metrics: &str) -> String {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("history_view_jetstream_gaps_total{")
+                || l.starts_with("history_view_jetstream_resumes_total{")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+const GAP: &str = "history_view_jetstream_resumes_total{outcome=\"gap\"}";
+
+fn gap_cause(cause: &str) -> String {
+    format!("history_view_jetstream_gaps_total{{cause=\"{cause}\"}}")
+}
+
+/// Stores `rows` (the ledger) and publishes them, each acknowledged by its stream.
+async fn store_and_publish(
+    ledger: &Ledger,
+    store: &TestStore,
+    context: &jetstream::Context,
+    rows: &[Value],
+) {
+    ledger.store(store, rows).await;
+    publish_stored(context, rows).await;
+}
+
+/// A JetStream worker on `scene` (class streams), ready.
+async fn class_worker(scene: &Scene) -> BinaryApp {
+    scene
+        .worker(scene.nats.url(), &[JETSTREAM, LAG_SETTING])
+        .await
+}
+
+/// A thread opened by a stored and published question, served from memory.
+async fn opened(scene: &Scene, ledger: &Ledger, api: &Api, thread: &str) {
+    let context = jetstream::new(scene.publisher.clone());
+    store_and_publish(ledger, &scene.store, &context, &[question(thread)]).await;
+    read_until_cache(api, thread, "").await;
+}
+
+/// The scenario of a class stream losing a chunk while the worker is frozen: `lose` makes the stream lose it.
+async fn frozen_worker_misses_a_chunk<F, Fut>(thread: &str, max_age: Option<Duration>, lose: F)
+where
+    F: FnOnce(jetstream::Context) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let scene = Scene::new().await;
+    create_class_streams(&scene.nats.url(), ["UserAgent".into()]).await;
+    create_limited_class_stream(&scene.nats.url(), "A", |config| {
+        if let Some(max_age) = max_age {
+            config.max_age = max_age;
+        }
+    })
+    .await;
+    let app = class_worker(&scene).await;
+    let ledger = Ledger::default();
+    opened(&scene, &ledger, &app.api, thread).await;
+    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let context = jetstream::new(scene.publisher.clone());
+
+    let frozen = Instant::now();
+    tokio::task::block_in_place(|| app.pause());
+    // Stored and published while the worker is frozen: it reaches the stream, then the stream loses it.
+    let lost = chunk(thread, "A", 1, 0);
+    store_and_publish(&ledger, &scene.store, &context, &[lost]).await;
+    let stored = Instant::now();
+    wait_stream(&context, "agent_A_stream", "holds the chunk", |s| {
+        s.last_sequence >= 1
+    })
+    .await;
+    lose(context.clone()).await;
+    wait_stream(&context, "agent_A_stream", "lost the chunk", |s| {
+        s.messages == 0
+    })
+    .await;
+    // Reads waiting on the frozen worker that started past the bound after the chunk was stored: the first
+    // answers it gives on waking must have it.
+    reader
+        .wait_started_after(stored + LAG + Duration::from_millis(200))
+        .await;
+    // Frozen at least 11 s: the pull request expired and its heartbeats were missed too.
+    let thawed = frozen + Duration::from_secs(11);
+    tokio::time::sleep_until(thawed.max(Instant::now()).into()).await;
+    app.resume();
+    eprintln!("{thread}: frozen {:?}", frozen.elapsed());
+
+    wait_metric(&app.api, GAP, 1.0).await;
+    settle(&app.api, thread, &ledger, Duration::from_secs(20)).await;
+    // Read on for a while after the fault: still complete.
+    reader
+        .wait_started_after(Instant::now() + Duration::from_secs(1))
+        .await;
+    reader.finish().await;
+    let metrics = app.api.metrics().await;
+    eprintln!("{thread}: {}", gaps(&metrics));
+    assert!(
+        metric(&metrics, &gap_cause("removed")) >= 1.0,
+        "{}",
+        gaps(&metrics)
+    );
+    cold_reads_equal(
+        scene.nats.url(),
+        scene.mongo.uri(),
+        scene.database.clone(),
+        &[thread.to_owned()],
+        &ledger,
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 1, 2: a chunk lost while the worker is frozen.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_aged_out_of_a_class_stream_while_the_worker_was_frozen_is_never_missing_from_memory()
+ {
+    let _timed = Timed::new(
+        "a_chunk_aged_out_of_a_class_stream_while_the_worker_was_frozen_is_never_missing_from_memory",
+    );
+    frozen_worker_misses_a_chunk("t-ret-age", Some(Duration::from_secs(5)), |_| async {}).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_purged_from_a_class_stream_while_the_worker_was_frozen_is_never_missing_from_memory()
+ {
+    let _timed = Timed::new(
+        "a_chunk_purged_from_a_class_stream_while_the_worker_was_frozen_is_never_missing_from_memory",
+    );
+    frozen_worker_misses_a_chunk("t-ret-purge", None, |context| async move {
+        context
+            .get_stream("agent_A_stream")
+            .await
+            .expect("the stream")
+            .purge()
+            .await
+            .expect("a purge");
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 3: a burst past a class stream's max_msgs.
+
+/// `threads` threads' questions, then `chunks` chunks each (round by round), published quickly and stored after
+/// (as aihub's persister does), while a reader reads each of the first `read` threads through `apis`.
+async fn burst(
+    store: &TestStore,
+    publisher: &async_nats::Client,
+    ledger: &Ledger,
+    threads: &[String],
+    chunks: usize,
+    pad: usize,
+    readers: &[Reader],
+) -> Duration {
+    let context = jetstream::new(publisher.clone());
+    let questions: Vec<Value> = threads.iter().map(|t| question(t)).collect();
+    store_and_publish(ledger, store, &context, &questions).await;
+    let rows: Vec<Value> = (1..=chunks)
+        .flat_map(|n| threads.iter().map(move |t| chunk(t, "A", n, pad)))
+        .collect();
+    // Bursts of 110 (more than the class stream's 100), each published at once and then stored: every row is
+    // stored within the bound after it was published (the persister's side of the bound: a row stored later may
+    // be missed for good, by design).
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for burst in rows.chunks(110) {
+        let published = Instant::now();
+        publish_rows(publisher, burst).await;
+        ledger.store(store, burst).await;
+        slowest = slowest.max(published.elapsed());
+    }
+    eprintln!(
+        "burst: {} chunks published and stored in {:?}, each within {slowest:?} ({} readers)",
+        rows.len(),
+        started.elapsed(),
+        readers.len()
+    );
+    slowest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_past_a_class_streams_max_msgs_leaves_no_answer_from_memory_without_a_stored_chunk()
+{
+    let _timed = Timed::new(
+        "a_burst_past_a_class_streams_max_msgs_leaves_no_answer_from_memory_without_a_stored_chunk",
+    );
+    let scene = Scene::new().await;
+    create_class_streams(&scene.nats.url(), ["UserAgent".into()]).await;
+    create_limited_class_stream(&scene.nats.url(), "A", |config| config.max_messages = 100).await;
+    // A bound of 5 s: the Mongo-wire server of the tests takes up to 2 s to store a burst while the workers
+    // hydrate, and aihub's persister stores within the bound.
+    let ledger = Ledger::with_lag(BURST_LAG);
+    let app = scene
+        .worker(
+            scene.nats.url(),
+            &[JETSTREAM, (LAG_SETTING.0, &ledger.lag_setting())],
+        )
+        .await;
+    let threads: Vec<String> = (0..50).map(|i| format!("t-ret-msgs-{i}")).collect();
+    let readers: Vec<Reader> = threads[..3]
+        .iter()
+        .map(|t| Reader::start(vec![app.api.clone()], t, &ledger))
+        .collect();
+    let slowest = burst(
+        &scene.store,
+        &scene.publisher,
+        &ledger,
+        &threads,
+        25,
+        0,
+        &readers,
+    )
+    .await;
+    let settling = Instant::now();
+    for thread in &threads[..20] {
+        settle(&app.api, thread, &ledger, Duration::from_secs(20)).await;
+    }
+    eprintln!("20 threads settled in {:?}", settling.elapsed());
+    for reader in readers {
+        reader.finish().await;
+    }
+    let metrics = app.api.metrics().await;
+    eprintln!("max_msgs burst: {}", gaps(&metrics));
+    assert!(
+        slowest < ledger.lag,
+        "the store took longer than the bound after a publish: {slowest:?}"
+    );
+    cold_reads_equal(
+        scene.nats.url(),
+        scene.mongo.uri(),
+        scene.database.clone(),
+        &threads[..10],
+        &ledger,
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 4, 8b: partitioned workers on one nats-server.
+
+/// Two partitioned workers (`HISTORY_VIEW_PARTITIONS=2`) on one nats-server, each on its port `<prefix>k`.
+struct Partitioned {
+    scene: Scene,
+    workers: Vec<BinaryApp>,
+}
+
+impl Partitioned {
+    async fn start(classes: &[&str], extra: &[(&'static str, &str)]) -> Self {
+        let scene = Scene::new().await;
+        create_class_streams(&scene.nats.url(), classes.iter().map(|c| (*c).to_owned())).await;
+        let prefix = port_prefix(2);
+        let mut workers = Vec::new();
+        for k in 0..2u16 {
+            let mut env = vec![
+                ("HISTORY_VIEW_NATS_URL", scene.nats.url()),
+                ("HISTORY_VIEW_MONGODB_URI", scene.mongo.uri()),
+                ("HISTORY_VIEW_MONGODB_DATABASE", scene.database.clone()),
+                (JETSTREAM.0, JETSTREAM.1.to_owned()),
+                (LAG_SETTING.0, LAG_SETTING.1.to_owned()),
+                ("HISTORY_VIEW_PARTITIONS", "2".into()),
+                ("HISTORY_VIEW_PARTITION", k.to_string()),
+                ("HISTORY_VIEW_JETSTREAM_REPLICAS", "1".into()),
+                (
+                    "HISTORY_VIEW_PEER_URL",
+                    format!("http://127.0.0.1:{prefix}{{partition}}"),
+                ),
+            ];
+            env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+            let app = BinaryApp::start_on(prefix * 10 + k, &env).await;
+            app.wait_ready().await;
+            workers.push(app);
+        }
+        Self { scene, workers }
+    }
+
+    /// The owner's API first, then the other's.
+    fn apis(&self, thread: &str) -> Vec<Api> {
+        let k = owner(thread, 2) as usize;
+        vec![self.workers[k].api.clone(), self.workers[1 - k].api.clone()]
+    }
+
+    fn owner(&self, thread: &str) -> &BinaryApp {
+        &self.workers[owner(thread, 2) as usize]
+    }
+
+    async fn cold_reads_equal(&self, threads: &[String], ledger: &Ledger) {
+        cold_reads_equal(
+            self.scene.nats.url(),
+            self.scene.mongo.uri(),
+            self.scene.database.clone(),
+            threads,
+            ledger,
+        )
+        .await;
+    }
+}
+
+/// A thread named after `prefix` that partition `k` of 2 owns.
+fn owned_by(prefix: &str, k: u32) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|t| owner(t, 2) == k)
+        .expect("a thread")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partitioned_stream_past_its_max_bytes_in_a_burst_leaves_no_answer_from_memory_without_a_stored_chunk()
+ {
+    let _timed = Timed::new(
+        "the_partitioned_stream_past_its_max_bytes_in_a_burst_leaves_no_answer_from_memory_without_a_stored_chunk",
+    );
+    let deployment = Partitioned::start(
+        &["UserAgent", "A"],
+        &[
+            ("HISTORY_VIEW_JETSTREAM_MAX_BYTES", "512KiB"),
+            (LAG_SETTING.0, "5000"),
+        ],
+    )
+    .await;
+    // The bound of the burst scenarios: see the class stream's.
+    let ledger = Ledger::with_lag(BURST_LAG);
+    let threads: Vec<String> = (0..50).map(|i| format!("t-ret-bytes-{i}")).collect();
+    let readers: Vec<Reader> = threads[..3]
+        .iter()
+        .map(|t| Reader::start(deployment.apis(t), t, &ledger))
+        .collect();
+    let scene = &deployment.scene;
+    // 1,250 chunks of some 600 bytes each: about one and a half times the partitioned stream's 512 KiB.
+    let slowest = burst(
+        &scene.store,
+        &scene.publisher,
+        &ledger,
+        &threads,
+        25,
+        400,
+        &readers,
+    )
+    .await;
+    let settling = Instant::now();
+    for thread in &threads[..20] {
+        for api in deployment.apis(thread) {
+            settle(&api, thread, &ledger, Duration::from_secs(20)).await;
+        }
+    }
+    eprintln!("20 threads settled in {:?}", settling.elapsed());
+    for reader in readers {
+        reader.finish().await;
+    }
+    let context = jetstream::new(scene.publisher.clone());
+    let state = stream_state(&context, "CHAT_HISTORY_VIEW").await;
+    eprintln!("CHAT_HISTORY_VIEW after the burst: {state:?}");
+    assert!(state.bytes <= 512 * 1024, "{state:?}");
+    assert!(
+        state.first_sequence > 1,
+        "the limit removed nothing: {state:?}"
+    );
+    for (k, worker) in deployment.workers.iter().enumerate() {
+        eprintln!("worker {k}: {}", gaps(&worker.api.metrics().await));
+    }
+    assert!(
+        slowest < ledger.lag,
+        "the store took longer than the bound after a publish: {slowest:?}"
+    );
+    deployment.cold_reads_equal(&threads[..10], &ledger).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partitioned_stream_purged_while_the_owner_was_frozen_is_never_missing_from_memory() {
+    let _timed = Timed::new(
+        "the_partitioned_stream_purged_while_the_owner_was_frozen_is_never_missing_from_memory",
+    );
+    let deployment = Partitioned::start(&["UserAgent", "A"], &[]).await;
+    let scene = &deployment.scene;
+    let ledger = Ledger::default();
+    let thread = owned_by("t-ret-ppurge", 0);
+    let owner_app = deployment.owner(&thread);
+    opened(scene, &ledger, &owner_app.api, &thread).await;
+    let reader = Reader::start(deployment.apis(&thread), &thread, &ledger);
+    let context = jetstream::new(scene.publisher.clone());
+    let before = stream_state(&context, "CHAT_HISTORY_VIEW").await;
+
+    let frozen = Instant::now();
+    tokio::task::block_in_place(|| owner_app.pause());
+    store_and_publish(
+        &ledger,
+        &scene.store,
+        &context,
+        &[chunk(&thread, "A", 1, 0)],
+    )
+    .await;
+    let stored = Instant::now();
+    wait_stream(&context, "CHAT_HISTORY_VIEW", "sourced the chunk", |s| {
+        s.last_sequence > before.last_sequence
+    })
+    .await;
+    context
+        .get_stream("CHAT_HISTORY_VIEW")
+        .await
+        .expect("the partitioned stream")
+        .purge()
+        .await
+        .expect("a purge");
+    wait_stream(&context, "CHAT_HISTORY_VIEW", "purged", |s| s.messages == 0).await;
+    reader
+        .wait_started_after(stored + LAG + Duration::from_millis(200))
+        .await;
+    owner_app.resume();
+    eprintln!("{thread}: frozen {:?}", frozen.elapsed());
+
+    wait_metric(&owner_app.api, GAP, 1.0).await;
+    for api in deployment.apis(&thread) {
+        settle(&api, &thread, &ledger, Duration::from_secs(20)).await;
+    }
+    reader
+        .wait_started_after(Instant::now() + Duration::from_secs(1))
+        .await;
+    reader.finish().await;
+    let metrics = owner_app.api.metrics().await;
+    eprintln!("owner: {}", gaps(&metrics));
+    assert!(
+        metric(&metrics, &gap_cause("removed")) >= 1.0,
+        "{}",
+        gaps(&metrics)
+    );
+    deployment.cold_reads_equal(&[thread], &ledger).await;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 5: the leader of an R3 class stream killed.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_of_an_r3_class_stream_killed_mid_answer_leaves_no_answer_from_memory_without_a_stored_chunk()
+ {
+    let _timed = Timed::new(
+        "the_leader_of_an_r3_class_stream_killed_mid_answer_leaves_no_answer_from_memory_without_a_stored_chunk",
+    );
+    let began = Instant::now();
+    let mut cluster = tokio::task::block_in_place(|| NatsCluster::start(3));
+    create_replicated_class_streams(
+        &cluster.servers[0].url(),
+        ["UserAgent".into(), "A".into()],
+        3,
+    )
+    .await;
+    let admin = async_nats::connect(cluster.servers[0].url())
+        .await
+        .expect("admin");
+    let context = jetstream::new(admin);
+    let leader = context
+        .get_stream("agent_A_stream")
+        .await
+        .expect("the stream")
+        .info()
+        .await
+        .expect("its info")
+        .cluster
+        .clone()
+        .and_then(|c| c.leader)
+        .expect("a leader");
+    let killed: usize = leader
+        .trim_start_matches('n')
+        .parse()
+        .expect("a server n<i>");
+    // The worker and the publisher reach a server that stays.
+    let kept = (killed + 1) % 3;
+    let nats_url = cluster.servers[kept].url();
+    let mongo = MongoServer::start();
+    let database = unique("ret");
+    let store = TestStore::connect(&mongo.uri(), &database).await;
+    store.create_aihub_indexes().await;
+    let app = BinaryApp::start(&[
+        ("HISTORY_VIEW_NATS_URL", nats_url.clone()),
+        ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+        ("HISTORY_VIEW_MONGODB_DATABASE", database.clone()),
+        (JETSTREAM.0, JETSTREAM.1.to_owned()),
+        (LAG_SETTING.0, LAG_SETTING.1.to_owned()),
+    ])
+    .await;
+    app.wait_ready().await;
+    let publisher = async_nats::connect(&nats_url).await.expect("publisher");
+    let ledger = Ledger::default();
+    let thread = "t-ret-leader";
+    let opening = question(thread);
+    ledger.store(&store, std::slice::from_ref(&opening)).await;
+    publish_rows(&publisher, &[opening]).await;
+    read_until_cache(&app.api, thread, "").await;
+    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+
+    // A chunk every 100 ms for 8 s, published as aihub does (Core NATS: one made during the election may reach no
+    // replica) and stored; the leader is killed 2 s in.
+    let mut next = Instant::now();
+    for n in 1..=80 {
+        if n == 20 {
+            tokio::task::block_in_place(|| cluster.servers[killed].kill());
+            eprintln!("killed {leader} at {:?}", began.elapsed());
+        }
+        let row = chunk(thread, "A", n, 0);
+        publish_rows(&publisher, std::slice::from_ref(&row)).await;
+        ledger.store(&store, &[row]).await;
+        next += Duration::from_millis(100);
+        tokio::time::sleep_until(next.into()).await;
+    }
+    let new_leader = context.get_stream("agent_A_stream").await.ok();
+    eprintln!(
+        "published until {:?}; stream reachable after: {}",
+        began.elapsed(),
+        new_leader.is_some()
+    );
+    settle(&app.api, thread, &ledger, Duration::from_secs(20)).await;
+    reader
+        .wait_started_after(Instant::now() + Duration::from_secs(1))
+        .await;
+    reader.finish().await;
+    let metrics = app.api.metrics().await;
+    eprintln!("leader killed: {}", gaps(&metrics));
+    cold_reads_equal(
+        nats_url,
+        mongo.uri(),
+        database,
+        &[thread.to_owned()],
+        &ledger,
+    )
+    .await;
+    eprintln!("took {:?}", began.elapsed());
+    assert!(
+        began.elapsed() < Duration::from_secs(45),
+        "over budget: {:?}",
+        began.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 6, 7: failing closed.
+
+/// A JetStream worker on `scene` reaching `nats_url`, started but not waited ready.
+async fn unready_worker(scene: &Scene, nats_url: String) -> BinaryApp {
+    BinaryApp::start(&[
+        ("HISTORY_VIEW_NATS_URL", nats_url),
+        ("HISTORY_VIEW_MONGODB_URI", scene.mongo.uri()),
+        ("HISTORY_VIEW_MONGODB_DATABASE", scene.database.clone()),
+        (JETSTREAM.0, JETSTREAM.1.to_owned()),
+        (LAG_SETTING.0, LAG_SETTING.1.to_owned()),
+    ])
+    .await
+}
+
+/// Waits until the worker fails closed: `/readyz` 503 naming `needle`, an ERROR log naming
+/// HISTORY_VIEW_JETSTREAM_STREAMS, no stream consumed; then it stays unready for 3 s.
+async fn failed_closed(app: &BinaryApp, needle: &str) {
+    // The streams are listed every second (half of the 2 s bound): ten listings.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = app.api.get("/readyz", &[]).await;
+        let logged = app
+            .log_lines("HISTORY_VIEW_JETSTREAM_STREAMS")
+            .into_iter()
+            .any(|l| l.contains("ERROR"));
+        if ready.status == 503 && ready.body.contains(needle) && logged {
+            eprintln!("/readyz: {}", ready.body);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not failed closed: /readyz {} {}; ERROR logged: {logged}; the worker's log:\n{}",
+            ready.status,
+            ready.body,
+            {
+                let lines = app.log_lines("");
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for line in app.log_lines("HISTORY_VIEW_JETSTREAM_STREAMS") {
+        eprintln!("log: {line}");
+    }
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let ready = app.api.get("/readyz", &[]).await;
+        assert_eq!(ready.status, 503, "ready without a stream: {}", ready.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        metric(&app.api.metrics().await, "history_view_jetstream_streams "),
+        0.0
+    );
+    let metrics = app.api.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "history_view_jetstream_streams 0"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("jetstream_streams"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// Stores a turn of `thread` and reads until the answer has it: from the store, never from memory.
+async fn read_from_the_store(scene: &Scene, ledger: &Ledger, api: &Api, thread: &str, n: usize) {
+    let row = if n == 0 {
+        question(thread)
+    } else {
+        chunk(thread, "A", n, 0)
+    };
+    ledger.store(&scene.store, std::slice::from_ref(&row)).await;
+    let (report, body, source) = read_judged(api, thread, ledger).await;
+    report.assert_kept("a read while failed closed");
+    assert_eq!(source.as_deref(), Some("store"), "{body}");
+    assert!(body.contains(&token(&row)), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_stream_matching_fails_closed_reads_from_the_store_and_a_stream_created_later_is_consumed()
+ {
+    let _timed = Timed::new(
+        "no_stream_matching_fails_closed_reads_from_the_store_and_a_stream_created_later_is_consumed",
+    );
+    let scene = Scene::new().await;
+    let app = unready_worker(&scene, scene.nats.url()).await;
+    let ledger = Ledger::default();
+    let thread = "t-ret-nostream";
+    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    failed_closed(&app, "HISTORY_VIEW_JETSTREAM_STREAMS").await;
+    // Stored after the start: every read answers from the store, with it.
+    read_from_the_store(&scene, &ledger, &app.api, thread, 0).await;
+    read_from_the_store(&scene, &ledger, &app.api, thread, 1).await;
+
+    create_class_streams(&scene.nats.url(), ["UserAgent".into(), "A".into()]).await;
+    app.wait_ready().await;
+    wait_metric(&app.api, "history_view_jetstream_streams", 2.0).await;
+    let context = jetstream::new(scene.publisher.clone());
+    store_and_publish(&ledger, &scene.store, &context, &[chunk(thread, "A", 2, 0)]).await;
+    settle(&app.api, thread, &ledger, Duration::from_secs(20)).await;
+    reader.finish().await;
+    cold_reads_equal(
+        scene.nats.url(),
+        scene.mongo.uri(),
+        scene.database.clone(),
+        &[thread.to_owned()],
+        &ledger,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_server_without_jetstream_fails_closed_and_reads_come_from_the_store() {
+    let _timed =
+        Timed::new("a_nats_server_without_jetstream_fails_closed_and_reads_come_from_the_store");
+    let scene = Scene::new().await;
+    let core_only = tokio::task::block_in_place(NatsServer::start_without_jetstream);
+    let app = unready_worker(&scene, core_only.url()).await;
+    let ledger = Ledger::default();
+    let thread = "t-ret-nojs";
+    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    failed_closed(&app, "JetStream").await;
+    read_from_the_store(&scene, &ledger, &app.api, thread, 0).await;
+    read_from_the_store(&scene, &ledger, &app.api, thread, 1).await;
+    let report = reader.finish().await;
+    assert_eq!(report.cache, 0, "served from memory without JetStream");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 8: a class stream created while workers run.
+
+/// Creates `agent_Late_stream` and at once publishes (acknowledged) and stores five chunks of `thread` from a
+/// `Late` agent; returns when they are in the stream.
+async fn late_class_stream(scene: &Scene, ledger: &Ledger, thread: &str) {
+    create_class_streams(&scene.nats.url(), ["Late".into()]).await;
+    let context = jetstream::new(scene.publisher.clone());
+    let rows: Vec<Value> = (1..=5).map(|n| chunk(thread, "Late", n, 0)).collect();
+    publish_stored(&context, &rows).await;
+    ledger.store(&scene.store, &rows).await;
+}
+
+async fn events(api: &Api) -> f64 {
+    metric_sum(&api.metrics().await, "history_view_events_total")
+}
+
+async fn wait_events(api: &Api, at_least: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let received = events(api).await;
+        if received >= at_least {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "received {received} of {at_least} events"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_stream_created_while_the_worker_runs_is_consumed_from_its_first_message_after_a_gap()
+ {
+    let _timed = Timed::new(
+        "a_class_stream_created_while_the_worker_runs_is_consumed_from_its_first_message_after_a_gap",
+    );
+    let scene = Scene::new().await;
+    create_class_streams(&scene.nats.url(), ["UserAgent".into(), "A".into()]).await;
+    let app = class_worker(&scene).await;
+    let ledger = Ledger::default();
+    let thread = "t-ret-late";
+    opened(&scene, &ledger, &app.api, thread).await;
+    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let before = events(&app.api).await;
+
+    late_class_stream(&scene, &ledger, thread).await;
+    wait_events(&app.api, before + 5.0).await;
+    wait_metric(&app.api, &gap_cause("new_stream"), 1.0).await;
+    wait_metric(&app.api, "history_view_jetstream_streams", 3.0).await;
+    settle(&app.api, thread, &ledger, Duration::from_secs(20)).await;
+    reader
+        .wait_started_after(Instant::now() + Duration::from_secs(1))
+        .await;
+    reader.finish().await;
+    assert_eq!(
+        events(&app.api).await,
+        before + 5.0,
+        "each of its first 5 messages once"
+    );
+    cold_reads_equal(
+        scene.nats.url(),
+        scene.mongo.uri(),
+        scene.database.clone(),
+        &[thread.to_owned()],
+        &ledger,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_stream_created_while_partitioned_workers_run_is_sourced_from_its_first_message_after_a_gap()
+ {
+    let _timed = Timed::new(
+        "a_class_stream_created_while_partitioned_workers_run_is_sourced_from_its_first_message_after_a_gap",
+    );
+    let deployment = Partitioned::start(&["UserAgent", "A"], &[]).await;
+    let scene = &deployment.scene;
+    let ledger = Ledger::default();
+    let thread = owned_by("t-ret-plate", 1);
+    let owner_app = deployment.owner(&thread);
+    opened(scene, &ledger, &owner_app.api, &thread).await;
+    let reader = Reader::start(deployment.apis(&thread), &thread, &ledger);
+    let before = events(&owner_app.api).await;
+
+    late_class_stream(scene, &ledger, &thread).await;
+    wait_events(&owner_app.api, before + 5.0).await;
+    wait_metric(&owner_app.api, &gap_cause("upstream"), 1.0).await;
+    for api in deployment.apis(&thread) {
+        settle(&api, &thread, &ledger, Duration::from_secs(20)).await;
+    }
+    reader
+        .wait_started_after(Instant::now() + Duration::from_secs(1))
+        .await;
+    reader.finish().await;
+    assert_eq!(
+        events(&owner_app.api).await,
+        before + 5.0,
+        "each of its first 5 messages once"
+    );
+    deployment.cold_reads_equal(&[thread], &ledger).await;
+}
