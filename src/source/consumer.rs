@@ -76,7 +76,9 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                         stream = name,
                         "the stream holds no display-event subjects; not consumed"
                     );
-                    break;
+                    // Still listed as consumed, so that the next listing does not take it for a new stream.
+                    tracker.emit(SourceEvent::StreamRemoved(&name));
+                    return;
                 }
                 Ended::Recreated => {
                     position = None;

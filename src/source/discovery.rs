@@ -15,6 +15,9 @@ use super::api::{Api, ApiError, Start};
 use super::{CLOCK_SKEW_MARGIN, GapCause, Lane, Sink, SourceEvent, Tracker};
 use crate::partition::{Partitioning, StreamSettings};
 
+/// How long listing the streams may take: several pages of names. Nothing served waits for it (each consumed
+/// stream's own checks keep the views safe); it only finds streams.
+const LISTING_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a lasting failure to find a stream is logged again.
 const REPEAT_ERROR: Duration = Duration::from_secs(60);
 
@@ -160,11 +163,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
     /// be listed.
     pub(super) async fn list_streams(&self) -> Option<Vec<String>> {
         let pattern = &self.inner.settings.streams;
-        let listed = tokio::time::timeout(
-            self.inner.tracker.timing().request_timeout * 4,
-            self.inner.api.stream_names(),
-        )
-        .await;
+        let listed = tokio::time::timeout(LISTING_TIMEOUT, self.inner.api.stream_names()).await;
         match listed {
             Ok(Ok(all)) => {
                 let matching: Vec<String> = all
@@ -237,7 +236,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         let mut from = replay_from;
         for name in streams {
             let state = match tokio::time::timeout(
-                self.inner.tracker.timing().request_timeout * 4,
+                self.inner.tracker.timing().request_timeout,
                 self.inner.api.stream_state(name),
             )
             .await

@@ -641,6 +641,28 @@ async fn a_new_stream_is_a_gap_and_is_consumed_from_its_first_message() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_matching_stream_without_display_events_is_one_gap_not_one_a_listing() {
+    let (h, _) = Harness::running("A", 1).await;
+    let gaps = h.coverage.gaps();
+    h.fake.with(|w| {
+        w.streams.insert(
+            "agent_X_stream".into(),
+            FakeStream::new("agent_X_stream", vec!["other.>".into()]),
+        )
+    });
+    h.pass(Duration::from_secs(2)).await;
+    let after_first = h.coverage.gaps();
+    assert_ne!(after_first, gaps, "found after the start: a gap");
+    h.pass(Duration::from_secs(5)).await;
+    assert_eq!(
+        h.coverage.gaps(),
+        after_first,
+        "not taken for a new stream again"
+    );
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_silent_stream_is_behind_within_the_bound_and_catches_up_after_a_new_consumer() {
     let (h, _) = Harness::running("A", 1).await;
     let consumers = h.fake.consumers().len();
@@ -775,20 +797,36 @@ async fn partitioned_a_stalled_source_or_an_unsourced_class_stream_keeps_the_wor
         .stream("CHAT_HISTORY_VIEW", |s| s.sources = vec![healthy.clone()]);
     h.pass(Duration::from_secs(2)).await;
     assert!(h.caught_up(), "recovered");
+}
 
-    // A class stream the operator has not added (a worker that may not update the stream).
-    h.source.judge_sources(
-        &state_of("CHAT_HISTORY_VIEW", &FakeStream::new("x", vec![])),
-        true,
-    );
-    let unsourced = Lane::Unsourced("agent_C_stream".into());
-    h.source
-        .inner
-        .tracker
-        .emit(super::SourceEvent::Blocked(&unsourced));
+#[tokio::test(start_paused = true)]
+async fn partitioned_a_class_stream_the_operator_has_not_sourced_keeps_the_worker_behind() {
+    let fake = Fake::default();
+    let a = fake.create("A");
+    let (partitioning, mut settings) = partitioned();
+    settings.create = false;
+    fake.create_stream(settings.config(vec![partitioning.source(&a, SystemTime::now(), 1)]))
+        .await
+        .unwrap();
+    let h = harness(fake, Some((partitioning.clone(), settings)));
+    h.run();
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.caught_up());
+    let b = h.fake.create("B");
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.coverage.catch_up().is_behind(&Lane::Unsourced(b.clone())));
     assert!(!h.caught_up());
     assert!(
         h.coverage.catch_up().blocked(),
         "a read does not wait for it"
     );
+    // The operator adds it.
+    h.fake.stream("CHAT_HISTORY_VIEW", |s| {
+        s.config
+            .sources
+            .get_or_insert_with(Vec::new)
+            .push(partitioning.source(&b, SystemTime::now(), 1));
+    });
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.caught_up());
 }
