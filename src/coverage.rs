@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::source::CatchUp;
+use crate::catch_up::CatchUp;
 
 /// A moment: nanoseconds on the monotonic clock since a day before the coverage's origin (process start), so that
 /// a moment before the start (where a JetStream replay begins) is a stamp too.

@@ -13,7 +13,7 @@ use crate::cache::ViewCache;
 use crate::coverage::Coverage;
 use crate::decode::{Decoded, decode_payload};
 use crate::freshness::Freshness;
-use crate::metrics::{EventOutcome, Labelled, Metrics};
+use crate::metrics::{EventOutcome, Metrics};
 use crate::readiness::Readiness;
 use crate::source::Sink;
 use crate::subject::DeliveryKey;
@@ -42,10 +42,6 @@ impl Ingest {
         coverage: Coverage,
         freshness: Freshness,
     ) -> Self {
-        metrics.preset(
-            Labelled::NatsConnectionEvent,
-            &crate::source::core::CONNECTION_EVENTS,
-        );
         Self {
             views,
             metrics,

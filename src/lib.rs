@@ -18,6 +18,7 @@
 //! - [`store`]: the MongoDB queries (the two stages and a fill) behind `StoreReads`, decoded by the same decoder.
 //! - [`cache`]: the moka cache of views; reads answer from complete views or hydrate from the store (one explicit
 //!   state per entry for what its store side is doing).
+//! - [`catch_up`]: whether the resumable source (JetStream) has what its streams hold: lanes that fall behind.
 //! - [`coverage`]: since when the live stream has covered a thread, so whether a store read may complete a view.
 //! - [`freshness`]: up to when the live stream has been applied (the covered-through instant of an answer).
 //! - [`explain`]: every event of a thread with its fate, joining what the projector recorded with the stored rows'
@@ -27,6 +28,7 @@
 //! - [`config`] (with [`setting`], the value types components share with it), [`telemetry`], [`metrics`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
 
 pub mod cache;
+pub mod catch_up;
 pub mod config;
 pub mod coverage;
 pub mod decode;

@@ -215,6 +215,10 @@ pub enum Labelled {
     ShadowEvent,
     /// `history_view_nats_connection_events_total{event}`.
     NatsConnectionEvent,
+    /// `history_view_jetstream_gaps_total{cause}`.
+    JetStreamGapCause,
+    /// `history_view_jetstream_witnessed_total{result}`.
+    WitnessResult,
 }
 
 /// The statuses the API answers besides 2xx and 304 (`history_view_read_errors_total{code}`, preset at zero):
@@ -715,15 +719,6 @@ impl Metrics {
             &[ResumeOutcome::Continued, ResumeOutcome::Gap].map(ResumeOutcome::label),
         );
         preset(
-            &inner.jetstream_witnessed,
-            &crate::source::witness::WitnessOutcome::ALL
-                .map(crate::source::witness::WitnessOutcome::label),
-        );
-        preset(
-            &inner.jetstream_gaps,
-            &crate::source::GapCause::ALL.map(crate::source::GapCause::label),
-        );
-        preset(
             &inner.read_routes,
             &[
                 ReadRoute::Local,
@@ -781,6 +776,12 @@ impl Metrics {
                 Labelled::ShadowEvent => drop(inner.shadow_events.with_label_values(&labels)),
                 Labelled::NatsConnectionEvent => {
                     drop(inner.nats_connection_events.with_label_values(&labels));
+                }
+                Labelled::JetStreamGapCause => {
+                    drop(inner.jetstream_gaps.with_label_values(&labels))
+                }
+                Labelled::WitnessResult => {
+                    drop(inner.jetstream_witnessed.with_label_values(&labels))
                 }
             }
         }
@@ -972,17 +973,12 @@ impl Metrics {
         self.inner.jetstream_gaps.with_label_values(&[cause]).inc();
     }
 
-    /// One event judged by the Core witness.
-    pub fn witness(&self, outcome: crate::source::witness::WitnessOutcome) {
-        self.witnesses(outcome, 1);
-    }
-
-    /// `count` events judged by the Core witness alike.
-    pub fn witnesses(&self, outcome: crate::source::witness::WitnessOutcome, count: u64) {
+    /// `count` events judged by the Core witness alike, by `result`.
+    pub fn witnessed(&self, result: &str, count: u64) {
         if count > 0 {
             self.inner
                 .jetstream_witnessed
-                .with_label_values(&[outcome.label()])
+                .with_label_values(&[result])
                 .inc_by(count);
         }
     }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::coverage::Coverage;
 use crate::freshness;
 use crate::ingest::Ingest;
-use crate::metrics::EventOutcome;
+use crate::metrics::{EventOutcome, Labelled};
 use crate::setting::Source;
 
 /// Most messages still buffered in the subscription that are applied after a stop request; the rest are left
@@ -116,6 +116,8 @@ impl Ingest {
         mut events: mpsc::Receiver<Event>,
         stop: CancellationToken,
     ) {
+        self.metrics
+            .preset(Labelled::NatsConnectionEvent, &CONNECTION_EVENTS);
         let (probe_subject, mut applied) = match probe {
             Some((subject, applied)) => (subject, Some(applied)),
             None => (String::new(), None),
@@ -292,7 +294,7 @@ struct SentProbe {
 }
 
 /// The `event` labels of `history_view_nats_connection_events_total`, one per [`Event`] variant.
-pub(crate) const CONNECTION_EVENTS: [&str; 8] = [
+const CONNECTION_EVENTS: [&str; 8] = [
     "connected",
     "disconnected",
     "closed",

@@ -7,7 +7,7 @@
 //!   per stream that resumes by sequence and checks the stream every [`Timing::interval`]; `rule.rs` is the pure
 //!   resume and retention rule; `api.rs` is the seam over the JetStream calls.
 //! - [`Tracker`]: the one place that turns what the sources report ([`SourceEvent`]) into coverage (gaps,
-//!   [`crate::coverage`]), catch-up ([`CatchUp`]) and freshness ([`crate::freshness`]).
+//!   [`crate::coverage`]), catch-up ([`crate::catch_up`]) and freshness ([`crate::freshness`]).
 //!
 //! Events go through the same subject → decode → view path whatever the source ([`Sink`], [`crate::ingest`]).
 //! Every case of [design 2.1](../../docs/design.md#2.1)'s table is a gap, "behind" or fail-closed here.
@@ -17,10 +17,9 @@ use std::time::{Duration, SystemTime};
 
 use crate::coverage::Coverage;
 use crate::freshness::Freshness;
-use crate::metrics::{Metrics, ResumeOutcome};
+use crate::metrics::{Labelled, Metrics, ResumeOutcome};
 
 pub mod api;
-mod catch_up;
 mod consumer;
 pub mod core;
 mod discovery;
@@ -30,7 +29,7 @@ mod rule;
 mod tests;
 pub mod witness;
 
-pub use catch_up::{CatchUp, Lane};
+pub use crate::catch_up::{CatchUp, Lane};
 pub use discovery::{JetStreamSettings, JetStreamSource, filter_subjects, matches_pattern};
 pub use witness::Witness;
 
@@ -172,6 +171,15 @@ impl Tracker {
         timing: Timing,
         witness: Option<Witness>,
     ) -> Self {
+        // Every JetStream worker exports them at zero, the witness's results too (a panel sees 0, not nothing).
+        metrics.preset(
+            Labelled::JetStreamGapCause,
+            &GapCause::ALL.map(GapCause::label),
+        );
+        metrics.preset(
+            Labelled::WitnessResult,
+            &witness::WitnessOutcome::ALL.map(witness::WitnessOutcome::label),
+        );
         Self {
             coverage,
             freshness,

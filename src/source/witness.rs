@@ -113,7 +113,9 @@ impl Witness {
         if state.waiting.len() == MAX_WAITING {
             state.waiting.pop_front();
             drop(state);
-            self.inner.metrics.witness(WitnessOutcome::Overflow);
+            self.inner
+                .metrics
+                .witnessed(WitnessOutcome::Overflow.label(), 1);
             self.inner.coverage.gap(self.inner.coverage.now());
             state = self.lock();
         }
@@ -162,7 +164,7 @@ impl Witness {
         }
         self.inner
             .metrics
-            .witnesses(WitnessOutcome::Delivered, matched);
+            .witnessed(WitnessOutcome::Delivered.label(), matched);
         if !missing.is_empty() {
             let at = self.inner.coverage.now();
             for bucket in &missing {
@@ -170,7 +172,7 @@ impl Witness {
             }
             self.inner
                 .metrics
-                .witnesses(WitnessOutcome::Missing, missing.len() as u64);
+                .witnessed(WitnessOutcome::Missing.label(), missing.len() as u64);
             tracing::warn!(
                 events = missing.len(),
                 "events seen on Core NATS reached no consumed stream: their threads hydrate again (no stream for their class, a full stream with discard new, or a stream without a working leader)"
