@@ -26,6 +26,9 @@ pub enum Lane {
     Unsourced(String),
     /// A source of the partitioned stream that nats-server has not heard from.
     Stalled(String),
+    /// A class stream upstream of the partitioned stream whose state does not answer, or whose leader has no
+    /// quorum.
+    Unconfirmed(String),
     /// No stream matches `HISTORY_VIEW_JETSTREAM_STREAMS`, or they cannot be listed: fail closed.
     NoStream,
 }

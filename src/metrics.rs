@@ -559,7 +559,7 @@ impl Metrics {
             jetstream_behind: register(&registry, &mut described,
                 IntGauge::new(
                     "history_view_jetstream_behind",
-                    "JetStream source: 1 while a stream is resuming, a class stream is not sourced, a source stalled or no stream matches (reads wait or go to the store)",
+                    "JetStream source: 1 while a lane is behind: a stream resuming, a class stream not sourced or not confirmed, a stalled source, no stream (reads wait or go to the store)",
                 )
                 .expect("valid metric"),
             ),

@@ -96,15 +96,26 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
     }
 
     /// The identity of each class stream; one whose state cannot be read this round keeps its last identity.
+    /// Silence upstream is behind too: a class stream whose state does not answer within the request timeout, or
+    /// whose leader has not heard from a quorum of its replicas, may be storing nothing of what aihub publishes, so
+    /// the worker is behind until it answers with a quorum again (a new leader is then a gap).
     async fn identities(
         &self,
         names: &[String],
         last: &HashMap<String, Identity>,
     ) -> HashMap<String, Identity> {
+        let tracker = &self.inner.tracker;
+        let timeout = tracker.timing().request_timeout;
         let mut seen = HashMap::new();
         for name in names {
-            match self.inner.api.stream_state(name).await {
-                Ok(state) => {
+            let lane = Lane::Unconfirmed(name.clone());
+            match tokio::time::timeout(timeout, self.inner.api.stream_state(name)).await {
+                Ok(Ok(state)) => {
+                    if state.quorum {
+                        tracker.emit(SourceEvent::Cleared(&lane));
+                    } else if tracker.emit(SourceEvent::Blocked(&lane)) == 1 {
+                        tracing::warn!(class_stream = %name, "a class stream's leader has not heard from a quorum of its replicas: reads go to the store until it has");
+                    }
                     seen.insert(
                         name.clone(),
                         Identity {
@@ -113,12 +124,18 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                         },
                     );
                 }
-                Err(_) => {
+                _ => {
+                    if tracker.emit(SourceEvent::Blocked(&lane)) == 1 {
+                        tracing::warn!(class_stream = %name, "a class stream's state cannot be read: reads go to the store until it can");
+                    }
                     if let Some(identity) = last.get(name) {
                         seen.insert(name.clone(), identity.clone());
                     }
                 }
             }
+        }
+        for gone in last.keys().filter(|name| !names.contains(name)) {
+            tracker.emit(SourceEvent::Cleared(&Lane::Unconfirmed(gone.clone())));
         }
         seen
     }

@@ -800,6 +800,27 @@ async fn partitioned_a_stalled_source_or_an_unsourced_class_stream_keeps_the_wor
 }
 
 #[tokio::test(start_paused = true)]
+async fn partitioned_a_class_stream_without_a_quorum_keeps_the_worker_behind_until_it_has_one() {
+    let fake = Fake::default();
+    let a = fake.create("A");
+    let h = harness(fake, Some(partitioned()));
+    h.run();
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.caught_up());
+    h.fake.stream(&a, |s| s.quorum = false);
+    h.pass(Duration::from_secs(2)).await;
+    assert!(
+        h.coverage
+            .catch_up()
+            .is_behind(&Lane::Unconfirmed(a.clone()))
+    );
+    assert!(!h.caught_up(), "upstream may store nothing: behind");
+    h.fake.stream(&a, |s| s.quorum = true);
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
 async fn partitioned_a_class_stream_the_operator_has_not_sourced_keeps_the_worker_behind() {
     let fake = Fake::default();
     let a = fake.create("A");
