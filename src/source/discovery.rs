@@ -98,7 +98,6 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
     /// window and starts coverage; a stream found later is consumed from its start, after a gap (events of its
     /// class published before it existed were captured by no stream).
     async fn run_class_streams(self, stop: CancellationToken) {
-        let replay_from = SystemTime::now() - self.inner.settings.replay;
         let mut started = false;
         loop {
             if let Some(names) = self.list_streams().await {
@@ -116,6 +115,9 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                     }
                     Start::All
                 } else {
+                    // From the listing that finds the streams: a worker that found none for a while replays only
+                    // the window, not the time it waited.
+                    let replay_from = SystemTime::now() - self.inner.settings.replay;
                     started = self.start_coverage(&new, replay_from).await;
                     Start::Time(replay_from)
                 };

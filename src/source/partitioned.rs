@@ -47,7 +47,6 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         stream: StreamSettings,
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
-        let replay_from = SystemTime::now() - self.inner.settings.replay;
         // From here on a class stream that still holds its first message is sourced from it.
         let mut started: Option<SystemTime> = None;
         let mut classes: HashMap<String, Identity> = HashMap::new();
@@ -75,6 +74,8 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                             // Deleted and created again (its loop recorded the gap): all of it.
                             Start::All
                         } else {
+                            // From the round that binds the stream (see `run_class_streams`).
+                            let replay_from = SystemTime::now() - self.inner.settings.replay;
                             if self.start_partitioned(&state, replay_from).await {
                                 started = Some(SystemTime::now());
                             }
