@@ -1086,7 +1086,9 @@ async fn leader_killed_mid_answer(partitioned: bool) {
         began.elapsed(),
         new_leader.is_some()
     );
-    settle(&app.api, thread, &ledger, Duration::from_secs(20)).await;
+    // Reads go to the store while a class stream or a source upstream is not confirmed (a loaded machine stretches
+    // the election and the sources' recovery), so settling may take longer here than elsewhere.
+    settle(&app.api, thread, &ledger, Duration::from_secs(40)).await;
     reader
         .wait_started_after(Instant::now() + Duration::from_secs(1))
         .await;
@@ -1103,7 +1105,7 @@ async fn leader_killed_mid_answer(partitioned: bool) {
     .await;
     eprintln!("took {:?}", began.elapsed());
     assert!(
-        began.elapsed() < Duration::from_secs(60),
+        began.elapsed() < Duration::from_secs(90),
         "over budget: {:?}",
         began.elapsed()
     );
