@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::context::{
-    CreateStreamErrorKind, GetStreamErrorKind, StreamsErrorKind, UpdateStreamErrorKind,
+    CreateStreamError, CreateStreamErrorKind, GetStreamErrorKind, StreamsErrorKind,
 };
 use async_nats::jetstream::stream::{Config, Info};
 use async_nats::jetstream::{self, Context, ErrorCode};
@@ -256,10 +256,7 @@ impl Api for NatsApi {
             .context
             .create_stream(config)
             .await
-            .map_err(|e| match e.kind() {
-                CreateStreamErrorKind::JetStream(js) => classify(js.error_code(), &js),
-                _ => classify_text(&e),
-            })?;
+            .map_err(stream_write_error)?;
         Ok(state_of(stream.cached_info()))
     }
 
@@ -268,10 +265,7 @@ impl Api for NatsApi {
             .context
             .update_stream(config)
             .await
-            .map_err(|e| match e.kind() {
-                UpdateStreamErrorKind::JetStream(js) => classify(js.error_code(), &js),
-                _ => classify_text(&e),
-            })?;
+            .map_err(stream_write_error)?;
         Ok(state_of(&info))
     }
 }
@@ -387,6 +381,14 @@ pub fn wall(at: time::OffsetDateTime) -> SystemTime {
         SystemTime::UNIX_EPOCH
     } else {
         at.into()
+    }
+}
+
+/// A refused stream create or update (async-nats reports both as a `CreateStreamError`).
+fn stream_write_error(error: CreateStreamError) -> ApiError {
+    match error.kind() {
+        CreateStreamErrorKind::JetStream(js) => classify(js.error_code(), &js),
+        _ => classify_text(&error),
     }
 }
 

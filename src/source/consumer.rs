@@ -134,7 +134,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         stop: &CancellationToken,
     ) -> Ended {
         let tracker = &self.inner.tracker;
-        let generation = tracker.emit(SourceEvent::Resuming(lane));
+        let generation = tracker.resuming(lane);
         let mut epochs = tracker.coverage().catch_up().epochs();
         let state = match self.stream_state(name).await {
             Ok(state) => state,

@@ -216,9 +216,10 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
             *failing = Some((reason, now));
         }
         drop(failing);
-        self.inner
-            .tracker
-            .emit(SourceEvent::Blocked(&Lane::NoStream));
+        self.inner.tracker.emit(SourceEvent::Blocked {
+            lane: &Lane::NoStream,
+            why: None,
+        });
     }
 
     /// A stream matches again.

@@ -114,8 +114,6 @@ impl Timing {
 /// What a source reports.
 #[derive(Debug, Clone, Copy)]
 pub enum SourceEvent<'a> {
-    /// A consumer of the lane is being (re)created: behind until a consumer created from now catches up.
-    Resuming(&'a Lane),
     /// A message of `stream` was applied; the consumer had `pending` more to deliver.
     Applied {
         stream: &'a str,
@@ -134,8 +132,12 @@ pub enum SourceEvent<'a> {
         asked: SystemTime,
         started: tokio::time::Instant,
     },
-    /// A lane that lasts until someone acts is behind (a class stream not sourced, a stalled source, no stream).
-    Blocked(&'a Lane),
+    /// A lane that lasts until someone acts is behind (a class stream not sourced or not confirmed, a stalled
+    /// source, no stream); `why` is logged once when it falls behind (none: the source logs it itself).
+    Blocked {
+        lane: &'a Lane,
+        why: Option<&'static str>,
+    },
     /// That lane is clear again.
     Cleared(&'a Lane),
     /// An event of `stream` may be lost: every complete view is partial from `at` (now if `None`).
@@ -201,15 +203,17 @@ impl Tracker {
         self.coverage.catch_up()
     }
 
-    /// Applies one event; returns the lane's new generation for [`SourceEvent::Resuming`], 1 for a
-    /// [`SourceEvent::Blocked`] lane that was not behind yet (0 otherwise), else 0.
-    pub fn emit(&self, event: SourceEvent<'_>) -> u64 {
+    /// A consumer of `lane` is being (re)created: behind until a consumer created from now catches up. Returns the
+    /// lane's new generation, which that consumer's [`SourceEvent::Confirmed`] carries.
+    pub fn resuming(&self, lane: &Lane) -> u64 {
+        let generation = self.catch_up().behind(lane);
+        self.lanes_changed();
+        generation
+    }
+
+    /// Applies one event.
+    pub fn emit(&self, event: SourceEvent<'_>) {
         match event {
-            SourceEvent::Resuming(lane) => {
-                let generation = self.catch_up().behind(lane);
-                self.lanes_changed();
-                return generation;
-            }
             SourceEvent::Applied {
                 stream,
                 subject,
@@ -241,13 +245,15 @@ impl Tracker {
                 }
                 self.lanes_changed();
             }
-            SourceEvent::Blocked(lane) => {
+            SourceEvent::Blocked { lane, why } => {
                 if self.catch_up().is_behind(lane) {
-                    return 0;
+                    return;
+                }
+                if let Some(why) = why {
+                    tracing::warn!(?lane, "{why}");
                 }
                 self.catch_up().behind(lane);
                 self.lanes_changed();
-                return 1;
             }
             SourceEvent::Cleared(lane) => {
                 self.catch_up().forget(lane);
@@ -276,7 +282,6 @@ impl Tracker {
                 self.lanes_changed();
             }
         }
-        0
     }
 
     fn lanes_changed(&self) {

@@ -114,8 +114,11 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 Ok(Ok(state)) => {
                     if state.quorum {
                         tracker.emit(SourceEvent::Cleared(&lane));
-                    } else if tracker.emit(SourceEvent::Blocked(&lane)) == 1 {
-                        tracing::warn!(class_stream = %name, "a class stream's leader has not heard from a quorum of its replicas: reads go to the store until it has");
+                    } else {
+                        tracker.emit(SourceEvent::Blocked {
+                            lane: &lane,
+                            why: Some("a class stream's leader has not heard from a quorum of its replicas: reads go to the store until it has"),
+                        });
                     }
                     seen.insert(
                         name.clone(),
@@ -126,9 +129,10 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                     );
                 }
                 _ => {
-                    if tracker.emit(SourceEvent::Blocked(&lane)) == 1 {
-                        tracing::warn!(class_stream = %name, "a class stream's state cannot be read: reads go to the store until it can");
-                    }
+                    tracker.emit(SourceEvent::Blocked {
+                        lane: &lane,
+                        why: Some("a class stream's state cannot be read: reads go to the store until it can"),
+                    });
                     if let Some(identity) = last.get(name) {
                         seen.insert(name.clone(), identity.clone());
                     }
@@ -192,8 +196,11 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
             let lane = Lane::Unsourced(name.clone());
             if sourced.contains(name) {
                 tracker.emit(SourceEvent::Cleared(&lane));
-            } else if tracker.emit(SourceEvent::Blocked(&lane)) == 1 {
-                tracing::warn!(class_stream = %name, "a class stream is no source of the partitioned stream: its threads are served from the store");
+            } else {
+                tracker.emit(SourceEvent::Blocked {
+                    lane: &lane,
+                    why: Some("a class stream is no source of the partitioned stream: its threads are served from the store"),
+                });
             }
         }
     }
@@ -206,9 +213,10 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         for source in &state.sources {
             let lane = Lane::Stalled(source.name.clone());
             if stalled(source) {
-                if tracker.emit(SourceEvent::Blocked(&lane)) == 1 {
-                    tracing::warn!(source = %source.name, "a source of the partitioned stream stalled: reads go to the store until it recovers");
-                }
+                tracker.emit(SourceEvent::Blocked {
+                    lane: &lane,
+                    why: Some("a source of the partitioned stream stalled: reads go to the store until it recovers"),
+                });
             } else if source.lag == 0 && drained && tracker.coverage().catch_up().is_behind(&lane) {
                 tracing::info!(source = %source.name, "a stalled source of the partitioned stream recovered");
                 tracker.emit(SourceEvent::Cleared(&lane));
