@@ -382,6 +382,13 @@ impl Reader {
     }
 
     /// Stops reading, waits for the reads still waiting, and asserts that every answer kept the promise.
+    /// Reads on for a second after the fault has settled (still complete), then [`Reader::finish`].
+    async fn read_on_then_finish(self) -> Report {
+        self.wait_started_after(Instant::now() + Duration::from_secs(1))
+            .await;
+        self.finish().await
+    }
+
     async fn finish(self) -> Report {
         self.running.store(false, Ordering::SeqCst);
         let report = self.task.await.expect("the reader");
@@ -654,10 +661,7 @@ where
     wait_metric(&app.api, GAP, 1.0).await;
     settle(&app.api, thread, &ledger, Duration::from_secs(20)).await;
     // Read on for a while after the fault: still complete.
-    reader
-        .wait_started_after(Instant::now() + Duration::from_secs(1))
-        .await;
-    reader.finish().await;
+    reader.read_on_then_finish().await;
     let metrics = app.api.metrics().await;
     eprintln!("{thread}: {}", gaps(&metrics));
     assert!(
@@ -957,10 +961,7 @@ async fn the_partitioned_stream_purged_while_the_owner_was_frozen_is_never_missi
     for api in deployment.apis(&thread) {
         settle(&api, &thread, &ledger, Duration::from_secs(20)).await;
     }
-    reader
-        .wait_started_after(Instant::now() + Duration::from_secs(1))
-        .await;
-    reader.finish().await;
+    reader.read_on_then_finish().await;
     let metrics = owner_app.api.metrics().await;
     eprintln!("owner: {}", gaps(&metrics));
     assert!(
@@ -1089,10 +1090,7 @@ async fn leader_killed_mid_answer(partitioned: bool) {
     // Reads go to the store while a class stream or a source upstream is not confirmed (a loaded machine stretches
     // the election and the sources' recovery), so settling may take longer here than elsewhere.
     settle(&app.api, thread, &ledger, Duration::from_secs(40)).await;
-    reader
-        .wait_started_after(Instant::now() + Duration::from_secs(1))
-        .await;
-    reader.finish().await;
+    reader.read_on_then_finish().await;
     let metrics = app.api.metrics().await;
     eprintln!("leader killed: {}", gaps(&metrics));
     cold_reads_equal(
@@ -1289,10 +1287,7 @@ async fn a_class_stream_created_while_the_worker_runs_is_consumed_from_its_first
     wait_metric(&app.api, &gap_cause("new_stream"), 1.0).await;
     wait_metric(&app.api, "history_view_jetstream_streams", 3.0).await;
     settle(&app.api, thread, &ledger, Duration::from_secs(20)).await;
-    reader
-        .wait_started_after(Instant::now() + Duration::from_secs(1))
-        .await;
-    reader.finish().await;
+    reader.read_on_then_finish().await;
     assert_eq!(
         events(&app.api).await,
         before + 5.0,
@@ -1322,10 +1317,7 @@ async fn a_class_stream_created_while_partitioned_workers_run_is_sourced_from_it
     for api in deployment.apis(&thread) {
         settle(&api, &thread, &ledger, Duration::from_secs(20)).await;
     }
-    reader
-        .wait_started_after(Instant::now() + Duration::from_secs(1))
-        .await;
-    reader.finish().await;
+    reader.read_on_then_finish().await;
     assert_eq!(
         events(&owner_app.api).await,
         before + 5.0,
