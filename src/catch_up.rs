@@ -26,8 +26,8 @@ pub enum Lane {
     Unsourced(String),
     /// A source of the partitioned stream that nats-server has not heard from.
     Stalled(String),
-    /// A class stream upstream of the partitioned stream whose state does not answer, or whose leader has no
-    /// quorum.
+    /// A class stream upstream of the partitioned stream, confirmed (a lease, as a stream's) by each discovery round
+    /// that reads its state with a quorum.
     Unconfirmed(String),
     /// No stream matches `HISTORY_VIEW_JETSTREAM_STREAMS`, or they cannot be listed: fail closed.
     NoStream,

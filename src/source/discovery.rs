@@ -99,7 +99,11 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
     /// class published before it existed were captured by no stream).
     async fn run_class_streams(self, stop: CancellationToken) {
         let mut started = false;
+        let mut rounds = self.rounds();
         loop {
+            if Self::next_round(&mut rounds, &stop).await {
+                return;
+            }
             if let Some(names) = self.list_streams().await {
                 let new: Vec<String> = names
                     .into_iter()
@@ -127,18 +131,26 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                     }
                 }
             }
-            if self.sleep(&stop).await {
-                return;
-            }
         }
     }
 
-    /// Waits one interval; returns whether `stop` came first.
-    pub(super) async fn sleep(&self, stop: &CancellationToken) -> bool {
+    /// A discovery round's clock: one round every interval from the start of the last, however long its requests
+    /// took (within the interval), so a confirmation it renews lapses only when a round really fails.
+    pub(super) fn rounds(&self) -> tokio::time::Interval {
+        let mut rounds = tokio::time::interval(self.inner.tracker.timing().interval);
+        rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        rounds
+    }
+
+    /// Waits for the next round; returns whether `stop` came first.
+    pub(super) async fn next_round(
+        rounds: &mut tokio::time::Interval,
+        stop: &CancellationToken,
+    ) -> bool {
         tokio::select! {
             biased;
             () = stop.cancelled() => true,
-            () = tokio::time::sleep(self.inner.tracker.timing().interval) => false,
+            _ = rounds.tick() => false,
         }
     }
 

@@ -52,9 +52,15 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         let mut classes: HashMap<String, Identity> = HashMap::new();
         let mut sourced: HashSet<String> = HashSet::new();
         let mut warned_unbound = false;
+        // Per class stream, the generation of its upstream lane (confirmed by each round that reads it).
+        let mut upstream: HashMap<String, u64> = HashMap::new();
+        let mut rounds = self.rounds();
         loop {
+            if Self::next_round(&mut rounds, &stop).await {
+                return Ok(());
+            }
             if let Some(names) = self.list_streams().await {
-                let seen = self.identities(&names, &classes).await;
+                let seen = self.identities(&names, &classes, &mut upstream).await;
                 match self
                     .bind(&partitioning, &stream, &names, started, &seen)
                     .await
@@ -90,35 +96,43 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                     }
                 }
             }
-            if self.sleep(&stop).await {
-                return Ok(());
-            }
         }
     }
 
     /// The identity of each class stream; one whose state cannot be read this round keeps its last identity.
-    /// Silence upstream is behind too: a class stream whose state does not answer within the request timeout, or
-    /// whose leader has not heard from a quorum of its replicas, may be storing nothing of what aihub publishes, so
-    /// the worker is behind until it answers with a quorum again (a new leader is then a gap).
+    /// Silence upstream is behind too: each class stream's lane is confirmed, for the silence bound, by a round that
+    /// reads its state within the request timeout with its leader hearing from a quorum of its replicas. A class
+    /// stream that does not answer, has no quorum, or is not read at all (a listing that fails or a round that
+    /// hangs) lets its lane lapse: it may be storing nothing of what aihub publishes, so the worker is behind until
+    /// it is confirmed again (a new leader is then a gap).
     async fn identities(
         &self,
         names: &[String],
         last: &HashMap<String, Identity>,
+        upstream: &mut HashMap<String, u64>,
     ) -> HashMap<String, Identity> {
         let tracker = &self.inner.tracker;
         let timeout = tracker.timing().request_timeout;
         let mut seen = HashMap::new();
         for name in names {
             let lane = Lane::Unconfirmed(name.clone());
+            let generation = *upstream
+                .entry(name.clone())
+                .or_insert_with(|| tracker.resuming(&lane));
+            let started = tokio::time::Instant::now();
+            let asked = SystemTime::now();
             match tokio::time::timeout(timeout, self.inner.api.stream_state(name)).await {
                 Ok(Ok(state)) => {
                     if state.quorum {
-                        tracker.emit(SourceEvent::Cleared(&lane));
-                    } else {
-                        tracker.emit(SourceEvent::Blocked {
+                        tracker.emit(SourceEvent::Confirmed {
                             lane: &lane,
-                            why: Some("a class stream's leader has not heard from a quorum of its replicas: reads go to the store until it has"),
+                            generation,
+                            drained: true,
+                            asked,
+                            started,
                         });
+                    } else {
+                        tracing::debug!(class_stream = %name, "a class stream's leader has not heard from a quorum of its replicas");
                     }
                     seen.insert(
                         name.clone(),
@@ -129,19 +143,20 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                     );
                 }
                 _ => {
-                    tracker.emit(SourceEvent::Blocked {
-                        lane: &lane,
-                        why: Some("a class stream's state cannot be read: reads go to the store until it can"),
-                    });
+                    tracing::debug!(class_stream = %name, "a class stream's state cannot be read");
                     if let Some(identity) = last.get(name) {
                         seen.insert(name.clone(), identity.clone());
                     }
                 }
             }
         }
-        for gone in last.keys().filter(|name| !names.contains(name)) {
-            tracker.emit(SourceEvent::Cleared(&Lane::Unconfirmed(gone.clone())));
-        }
+        upstream.retain(|name, _| {
+            let listed = names.contains(name);
+            if !listed {
+                tracker.emit(SourceEvent::Cleared(&Lane::Unconfirmed(name.clone())));
+            }
+            listed
+        });
         seen
     }
 
