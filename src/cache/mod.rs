@@ -59,10 +59,6 @@ use entry::Entry;
 use fill::FillRequest;
 use work::{Begin, Outcome};
 
-/// The longest a read waiting for a run waits for one change notification before it reads again (an entry made
-/// after it began waiting is not listened to).
-pub const CHANGE_RECHECK: Duration = Duration::from_millis(250);
-
 /// Fills waiting for a query; beyond it a fill is dropped and its view's next read hydrates.
 const FILL_QUEUE: usize = 1024;
 
@@ -295,7 +291,7 @@ impl<S: StoreReads> ViewCache<S> {
     /// Waits until the view of `thread_id` is no longer the one an answer was rendered from (`generation` and
     /// `version`: [`Answer::generation`], [`Answer::version`]), or until `until`. Returns at once when the thread's
     /// entry is another one (the answer's was evicted); without an entry, it waits until `until` (an entry made
-    /// meanwhile is not listened to, so callers look again every so often: [`CHANGE_RECHECK`]).
+    /// meanwhile is not listened to, so callers look again every so often: `http::read::Pace`).
     pub async fn changed(&self, thread_id: &str, generation: u64, version: u64, until: Instant) {
         let Some(entry) = self.cache.get(thread_id).await else {
             tokio::time::sleep_until(until).await;

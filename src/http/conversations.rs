@@ -1,16 +1,15 @@
 //! The OpenAI Conversations shape of a thread ([design 3.1](../../docs/design.md#3.1)): `GET
 //! /v1/conversations/{thread_id}/items` pages the history's messages as Conversations items, tail-first by
-//! default, cut from exactly the answer the history endpoint gives (same routing, source and completeness, same
-//! waiting for a run); `GET /v1/conversations/{thread_id}` describes the conversation.
+//! default, cut from exactly the answer the history endpoint gives (the same read core, [`super::read`]: routing,
+//! source and completeness, waiting for a run); `GET /v1/conversations/{thread_id}` describes the conversation.
 
 use axum::body::Bytes;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, RawQuery, State};
-use axum::http::{HeaderMap, Uri};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::response::Response;
 use serde::Deserialize;
 
-use super::history::{HistoryQuery, Read, read, respond, thread_and_query};
+use super::read::{Read, ThreadRequest, read, respond};
 use super::{ApiError, AppState};
 use crate::cache::{InvalidCursor, Items, Order};
 
@@ -52,36 +51,22 @@ impl PageQuery {
 /// `GET /v1/conversations/{thread_id}/items`.
 pub async fn list_items(
     State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    RawQuery(raw_query): RawQuery,
-    query: Result<Query<HistoryQuery>, QueryRejection>,
+    request: ThreadRequest,
     page: Result<Query<PageQuery>, QueryRejection>,
-    uri: Uri,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (thread_id, query) = thread_and_query(path, raw_query, query)?;
     let Query(page) = page.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
     let (limit, order) = (page.limit()?, page.order()?);
-    let primary = query.identity()?;
-    let wait = query.run_wait()?;
-    let thread = thread_id.as_str();
-    match read::<Items>(
-        &state,
-        thread,
-        primary.as_ref(),
-        wait.as_ref(),
-        &uri,
-        &headers,
-    )
-    .await?
-    {
+    let primary = request.identity()?;
+    let wait = request.run_wait()?;
+    match read::<Items>(&state, &request, primary.as_ref(), wait.as_ref()).await? {
         Read::Forwarded(response) => Ok(response),
         Read::Answered { answer, pending } => {
             let body = answer
                 .body
                 .page(order, page.after.as_deref(), limit)
                 .map_err(|InvalidCursor| ApiError::InvalidCursor)?;
-            Ok(respond(&answer, &answer.body.etag, body, pending, &headers))
+            let etag = &answer.body.etag;
+            Ok(respond(&answer, etag, body, pending, &request.headers))
         }
     }
 }
@@ -90,16 +75,10 @@ pub async fn list_items(
 /// creation time being the first visible event's (whole seconds); 404 when no display of the thread is visible.
 pub async fn get_conversation(
     State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    RawQuery(raw_query): RawQuery,
-    query: Result<Query<HistoryQuery>, QueryRejection>,
-    uri: Uri,
-    headers: HeaderMap,
+    request: ThreadRequest,
 ) -> Result<Response, ApiError> {
-    let (thread_id, query) = thread_and_query(path, raw_query, query)?;
-    let primary = query.identity()?;
-    let thread = thread_id.as_str();
-    match read::<Items>(&state, thread, primary.as_ref(), None, &uri, &headers).await? {
+    let primary = request.identity()?;
+    match read::<Items>(&state, &request, primary.as_ref(), None).await? {
         Read::Forwarded(response) => Ok(response),
         Read::Answered { answer, .. } => {
             if !answer.facts.visible {
@@ -110,14 +89,14 @@ pub async fn get_conversation(
                 .first_visible_at
                 .map_or(0, |ns| ns.div_euclid(1_000_000_000));
             let body = serde_json::json!({
-                "id": thread,
+                "id": request.thread.as_str(),
                 "object": "conversation",
                 "created_at": created_at,
                 "metadata": {},
             });
             let body = Bytes::from(body.to_string());
             let etag = crate::cache::etag_of(&body);
-            Ok(respond(&answer, &etag, body, None, &headers))
+            Ok(respond(&answer, &etag, body, None, &request.headers))
         }
     }
 }

@@ -1,14 +1,15 @@
 //! `GET /v1/threads/{thread_id}/history/explain` ([design 3.3](../../docs/design.md#3.3)): every event of the thread
-//! with its fate, from the same read as the history (same routing, source and completeness) joined with the stored
-//! rows' metadata; and `GET /inspect/threads/{thread_id}`, the inspector page that shows it beside the live feed.
+//! with its fate, from the same read as the history (the read core, [`super::read`]: same routing, source and
+//! completeness) joined with the stored rows' metadata; and `GET /inspect/threads/{thread_id}`, the inspector page
+//! that shows it beside the live feed.
 
 use axum::body::Bytes;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, Uri, header};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
-use super::history::{HistoryQuery, Read, ThreadId, read, respond, thread_and_query};
+use super::read::{Read, ThreadId, ThreadRequest, read, respond};
 use super::{ApiError, AppState};
 use crate::cache::etag_of;
 use crate::explain::{ViewFates, explain as join};
@@ -19,23 +20,14 @@ const INSPECTOR_PAGE: &str = include_str!("inspector.html");
 /// `GET /v1/threads/{thread_id}/history/explain`.
 pub async fn explain(
     State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    RawQuery(raw_query): RawQuery,
-    query: Result<Query<HistoryQuery>, QueryRejection>,
-    uri: Uri,
-    headers: HeaderMap,
+    request: ThreadRequest,
 ) -> Result<Response, ApiError> {
-    let (thread_id, query) = thread_and_query(path, raw_query, query)?;
-    let primary = query.identity()?;
-    if query.run_wait()?.is_some() {
-        return Err(ApiError::InvalidQuery(
-            "wait_for_run applies to the history and the items, not to explain".into(),
-        ));
-    }
-    let thread = thread_id.as_str();
-    match read::<ViewFates>(&state, thread, primary.as_ref(), None, &uri, &headers).await? {
+    let primary = request.identity()?;
+    request.refuse_run_wait("explain")?;
+    match read::<ViewFates>(&state, &request, primary.as_ref(), None).await? {
         Read::Forwarded(response) => Ok(response),
         Read::Answered { answer, .. } => {
+            let thread = request.thread.as_str();
             let rows = state
                 .views
                 .row_metadata(thread)
@@ -45,7 +37,7 @@ pub async fn explain(
             // Serialising strings, numbers and maps of them cannot fail.
             let body = Bytes::from(serde_json::to_vec(&explanation).unwrap_or_default());
             let etag = etag_of(&body);
-            let mut response = respond(&answer, &etag, body, None, &headers);
+            let mut response = respond(&answer, &etag, body, None, &request.headers);
             response
                 .headers_mut()
                 .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

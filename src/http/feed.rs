@@ -1,19 +1,19 @@
 //! `GET /v1/threads/{thread_id}/history/stream` ([design 3.2](../../docs/design.md#3.2)): the thread's answer as
 //! Server-Sent Events. A `snapshot` (the history's body) first, then an `update` (`{"from", "messages"}`: the
 //! messages from the first that changed) each time the answer changes; each event's id names the answer (the cache
-//! entry's generation and the view's version), and a reconnect with `Last-Event-ID` resumes with an update when the
-//! worker still knows that answer's message digests. The feed reads through the cache like a read (the same
+//! entry's generation and the view's version), and a reconnect with `Last-Event-ID` resumes with an update ([`resume`])
+//! when the worker still knows that answer's message digests. The feed reads through the cache like a read (the same
 //! completeness rules): after a read that needed the store (a gap, an eviction) it sends a snapshot, never an update.
-//! Changes within [`COALESCE`] of the last event are sent together. It follows the thread across evictions, and ends
+//! Changes within [`COALESCE`] of the last event are sent together; the feed waits for changes as a read waiting
+//! for a run does ([`next_change`]), at its own pace ([`FEED`]). It follows the thread across evictions, and ends
 //! when the worker stops.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, Uri, header};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
@@ -21,7 +21,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::history::{HistoryQuery, Route, passed_back, route, thread_and_query};
+use super::read::{Pace, STORE_REREAD_INTERVAL, Seen, ThreadRequest, next_change};
+use super::route::{Forward, Routed, route};
 use super::{ApiError, AppState};
 use crate::cache::{Answer, Source, Transcript};
 use crate::metrics::{FeedEvent, HttpRefusal, Metrics};
@@ -30,9 +31,15 @@ use crate::project::Identity;
 /// Changes that follow an event within this time are sent together, in one event, after it.
 pub const COALESCE: Duration = Duration::from_millis(5);
 
-/// The longest a feed waits for a change notification before it reads again (an entry made while it waited, after
-/// an eviction, is not listened to).
-const RECHECK: Duration = Duration::from_secs(1);
+/// How a feed waits for the thread's answer to change ([`Pace`] says why it differs from a read waiting for a run):
+/// it looks again after a second without a notification (an entry made while it waited, after an eviction, is not
+/// listened to); after an event it waits [`COALESCE`] for the changes that follow, and after an answer from the
+/// store (a partial view) [`STORE_REREAD_INTERVAL`].
+pub const FEED: Pace = Pace {
+    recheck: Duration::from_secs(1),
+    after_cache: COALESCE,
+    after_store: STORE_REREAD_INTERVAL,
+};
 
 /// How long a feed waits before reading again when a read failed (the store was needed and did not answer).
 const RETRY_READ: Duration = Duration::from_secs(1);
@@ -46,32 +53,37 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// `GET /v1/threads/{thread_id}/history/stream`.
 pub async fn stream_history(
     State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    RawQuery(raw_query): RawQuery,
-    query: Result<Query<HistoryQuery>, QueryRejection>,
-    uri: Uri,
-    headers: HeaderMap,
+    request: ThreadRequest,
 ) -> Result<Response, ApiError> {
-    let (thread_id, query) = thread_and_query(path, raw_query, query)?;
-    let primary = query.identity()?;
-    if query.run_wait()?.is_some() {
-        return Err(ApiError::InvalidQuery(
-            "wait_for_run applies to the history and the items, not to the feed".into(),
-        ));
-    }
-    let thread = thread_id.as_str().to_owned();
-    match route(&state, &thread, &headers) {
-        Route::Local => {}
-        Route::Owner(partition) => {
-            let Some(peers) = &state.peers else {
-                return Err(ApiError::OwnerUnreachable);
-            };
-            let forwarded = peers.forward_stream(partition, &uri, &headers).await;
-            return passed_back(&state, partition, forwarded).ok_or(ApiError::OwnerUnreachable);
-        }
+    let primary = request.identity()?;
+    request.refuse_run_wait("the feed")?;
+    let thread = request.thread.as_str().to_owned();
+    match route(
+        &state,
+        &thread,
+        Forward::Feed,
+        &request.uri,
+        &request.headers,
+    )
+    .await
+    {
+        Routed::Local => {}
+        Routed::Forwarded(response) => return Ok(response),
+        Routed::OwnerSilent => return Err(ApiError::OwnerUnreachable),
         // A forwarded feed for a thread this worker does not own either: it holds no view of it.
-        Route::Store => return Err(ApiError::OwnerUnreachable),
+        Routed::NotOwned => return Err(ApiError::OwnerUnreachable),
     }
+    open(&state, thread, primary, &request.headers).await
+}
+
+/// Opens a feed of `thread` on this worker: a stream permit, the first read (its error is the request's), the
+/// first event (a snapshot, or the update a resume allows), then the stream of changes.
+async fn open(
+    state: &AppState,
+    thread: String,
+    primary: Option<Identity>,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
     let Ok(permit) = Arc::clone(&state.streams).try_acquire_owned() else {
         state.metrics.http_refused(HttpRefusal::Streams);
         return Err(ApiError::Overloaded);
@@ -82,21 +94,7 @@ pub async fn stream_history(
         .read::<Transcript>(&thread, primary.as_ref())
         .await
         .map_err(|error| ApiError::from_read(error, &thread))?;
-    let resumed = match last_event_id(&headers) {
-        Some((generation, version)) => {
-            let digests = state
-                .views
-                .recent_digests(&thread, generation, version, primary.as_ref())
-                .await;
-            let outcome = match &digests {
-                Some(_) if answer.source == Source::Cache => FeedEvent::Update,
-                _ => FeedEvent::Snapshot,
-            };
-            state.metrics.feed_resume(outcome);
-            digests.filter(|_| outcome == FeedEvent::Update)
-        }
-        None => None,
-    };
+    let resumed = resume(state, &thread, primary.as_ref(), headers, &answer).await;
     let mut feed = Feed {
         views: state.views.clone(),
         metrics: state.metrics.clone(),
@@ -131,6 +129,30 @@ pub async fn stream_history(
     Ok(response)
 }
 
+/// A feed's resume ([design 3.2](../../docs/design.md#3.2)): the message digests of the answer `Last-Event-ID`
+/// names, when the thread's entry still keeps them (same generation, a kept version, the same identity) and the
+/// feed's first answer came from memory; the feed then starts with an update from the first message that changed.
+/// `None` (a snapshot) otherwise. Counted in `history_view_feed_resumes_total` when a `Last-Event-ID` came.
+async fn resume(
+    state: &AppState,
+    thread: &str,
+    primary: Option<&Identity>,
+    headers: &HeaderMap,
+    answer: &Answer<Transcript>,
+) -> Option<Arc<[u64]>> {
+    let (generation, version) = last_event_id(headers)?;
+    let digests = state
+        .views
+        .recent_digests(thread, generation, version, primary)
+        .await;
+    let outcome = match &digests {
+        Some(_) if answer.source == Source::Cache => FeedEvent::Update,
+        _ => FeedEvent::Snapshot,
+    };
+    state.metrics.feed_resume(outcome);
+    digests.filter(|_| outcome == FeedEvent::Update)
+}
+
 /// `Last-Event-ID` as this feed writes ids: `<generation>.<version>`.
 fn last_event_id(headers: &HeaderMap) -> Option<(u64, u64)> {
     let value = headers.get("last-event-id")?.to_str().ok()?;
@@ -138,21 +160,17 @@ fn last_event_id(headers: &HeaderMap) -> Option<(u64, u64)> {
     Some((generation.parse().ok()?, version.parse().ok()?))
 }
 
-/// What a feed sent last: the answer's name and its messages' digests.
+/// What a feed sent last: the answer (its name and source) and its messages' digests.
 struct Sent {
-    generation: u64,
-    version: u64,
+    seen: Seen,
     digests: Arc<[u64]>,
-    source: Source,
 }
 
 impl Sent {
     fn of(answer: &Answer<Transcript>) -> Self {
         Self {
-            generation: answer.generation,
-            version: answer.version,
+            seen: Seen::of(answer),
             digests: Arc::clone(&answer.body.digests),
-            source: answer.source,
         }
     }
 }
@@ -179,22 +197,10 @@ impl Feed {
             return Some(event);
         }
         loop {
-            let until = Instant::now() + RECHECK;
-            let changed =
-                self.views
-                    .changed(&self.thread, self.sent.generation, self.sent.version, until);
-            // After an answer from the store the view was partial: read again at most every 100 ms.
-            let pause = match self.sent.source {
-                Source::Store => super::history::STORE_REREAD_INTERVAL,
-                Source::Cache => COALESCE,
-            };
             tokio::select! {
                 () = self.stop.cancelled() => return None,
-                () = async {
-                    changed.await;
-                    // Changes right after the last event wait for the ones that follow them.
-                    tokio::time::sleep_until(self.last_event + pause).await;
-                } => {}
+                // Changes right after the last event wait for the ones that follow them.
+                () = next_change(&self.views, &self.thread, self.sent.seen, FEED, self.last_event, None) => {}
             }
             let answer = match self
                 .views
@@ -210,7 +216,8 @@ impl Feed {
                     }
                 }
             };
-            if answer.generation == self.sent.generation && answer.version == self.sent.version {
+            let seen = self.sent.seen;
+            if answer.generation == seen.generation && answer.version == seen.version {
                 continue;
             }
             let Some(from) = answer.body.first_change(&self.sent.digests) else {
@@ -229,8 +236,8 @@ impl Feed {
 
     /// The event of `kind` for `answer` (an update from message `from`), counted and remembered as sent.
     fn event(&mut self, answer: &Answer<Transcript>, kind: FeedEvent, from: usize) -> Event {
-        let coalesced = if answer.generation == self.sent.generation {
-            answer.version.saturating_sub(self.sent.version + 1)
+        let coalesced = if answer.generation == self.sent.seen.generation {
+            answer.version.saturating_sub(self.sent.seen.version + 1)
         } else {
             0
         };

@@ -1,5 +1,7 @@
 //! The HTTP API ([design section 3](../../docs/design.md#3)): `router(state)` and the shared `AppState`. Handlers are
-//! thin: extract, call one function, map the result.
+//! thin: extract a [`read::ThreadRequest`], call one function, map the result. The read they share (the request's
+//! checks, the read itself, the wait for a run or a change, the answer's headers) is [`read`]; routing among
+//! partitioned workers is [`route`].
 
 mod conversations;
 mod error;
@@ -7,6 +9,7 @@ mod explain;
 mod feed;
 mod history;
 mod operations;
+mod read;
 mod route;
 mod serve;
 
@@ -23,7 +26,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
 pub use error::ApiError;
-pub use history::{COVERED_THROUGH_HEADER, SOURCE_HEADER, ThreadId, canonical_object_id};
+pub use read::{COVERED_THROUGH_HEADER, SOURCE_HEADER, ThreadId, canonical_object_id};
 pub use route::{FORWARDED_HEADER, Peers};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
 
@@ -154,13 +157,13 @@ async fn count_errors(State(state): State<AppState>, request: Request, next: Nex
 
 /// Answers 503 at once when `HISTORY_VIEW_HTTP_MAX_IN_FLIGHT` reads are being answered (a queue would only make
 /// every reader late). A read waiting for a run takes one of `HISTORY_VIEW_HTTP_MAX_WAITING` instead, for its
-/// reads and its wait ([`history::waits_for_run`]), so waiters never turn other reads into 503s.
+/// reads and its wait ([`read::waits_for_run`]), so waiters never turn other reads into 503s.
 async fn limit_in_flight(
     State(state): State<AppState>,
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if history::waits_for_run(request.uri()) {
+    if read::waits_for_run(request.uri()) {
         let Ok(_waiting) = state.waiting.try_acquire() else {
             state.metrics.http_refused(HttpRefusal::Waiting);
             return Err(ApiError::Overloaded);

@@ -1,6 +1,9 @@
-//! Partitioned workers ([design 8](../../docs/design.md#8)): a read (or a `verify`) of a thread another worker owns
-//! is forwarded to it (`HISTORY_VIEW_PEER_URL`), with the caller's query, token and validators, and its answer
-//! passed back as it is. A forwarded request carries [`FORWARDED_HEADER`], so it is never forwarded again.
+//! Routing among partitioned workers ([design 8](../../docs/design.md#8)): which worker answers a request for a
+//! thread ([`route`], the one routing path of every thread endpoint), and the forward to it. A read, a `verify` or
+//! a live feed of a thread another worker owns is forwarded to it (`HISTORY_VIEW_PEER_URL`), with the caller's
+//! query, token and validators, and its answer passed back as it is; when the owner gives none in time, the caller
+//! decides the fallback (a read answers from the store, [`super::read::read`]; a feed or `verify` is 503). A
+//! forwarded request carries [`FORWARDED_HEADER`], so it is never forwarded again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +15,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::AppState;
 use super::error::chain;
+use crate::metrics::ReadRoute;
 use crate::partition::Partitioning;
 use crate::telemetry::RateLimit;
 
@@ -44,7 +49,7 @@ pub struct Peers {
     timeout: Duration,
     client: Client<HttpConnector, Empty<Bytes>>,
     /// At most one warning a second about owners that did not answer.
-    pub warnings: Arc<RateLimit>,
+    warnings: Arc<RateLimit>,
 }
 
 /// Why a forwarded read got no answer.
@@ -56,6 +61,82 @@ pub enum ForwardError {
     Timeout(Duration),
     #[error("the owner could not be reached: {0}")]
     Unreachable(String),
+}
+
+/// How a request goes to its thread's owner.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Forward {
+    /// A read (`GET`); the owner may take `waited` besides its own bound (a read waiting for a run).
+    Read { waited: Duration },
+    /// `POST .../verify`.
+    Verify,
+    /// A live feed, passed on as it streams.
+    Feed,
+}
+
+/// Where a request for a thread is answered, as [`route`] decided.
+pub(super) enum Routed {
+    /// Here, through the cache: this worker owns the thread (every thread, with one partition).
+    Local,
+    /// Here, without the cache: a forwarded request for a thread this worker does not own either (workers that
+    /// disagree on the partition count, during a rollout). It is never forwarded again.
+    NotOwned,
+    /// The owner's answer, passed back as it is.
+    Forwarded(Response<Body>),
+    /// The owner gave no answer in time (counted, and warned about at most once a second).
+    OwnerSilent,
+}
+
+/// Routes a request for `thread` among partitioned workers: answered here when this worker owns the thread or the
+/// request was forwarded already, forwarded to the owner otherwise. Each route is counted in
+/// `history_view_read_routes_total` (none with one partition).
+pub(super) async fn route(
+    state: &AppState,
+    thread: &str,
+    forward: Forward,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Routed {
+    let Some(peers) = &state.peers else {
+        return Routed::Local;
+    };
+    let partition = match peers.owner_elsewhere(thread) {
+        None => {
+            state.metrics.read_route(ReadRoute::Local);
+            return Routed::Local;
+        }
+        Some(_) if headers.contains_key(FORWARDED_HEADER) => {
+            state.metrics.read_route(ReadRoute::Loop);
+            return Routed::NotOwned;
+        }
+        Some(owner) => owner,
+    };
+    let forwarded = match forward {
+        Forward::Read { waited } => {
+            peers
+                .forward(partition, Method::GET, uri, headers, waited)
+                .await
+        }
+        Forward::Verify => {
+            peers
+                .forward(partition, Method::POST, uri, headers, Duration::ZERO)
+                .await
+        }
+        Forward::Feed => peers.forward_stream(partition, uri, headers).await,
+    };
+    match forwarded {
+        Ok(response) => {
+            state.metrics.read_route(ReadRoute::Forwarded);
+            Routed::Forwarded(response)
+        }
+        Err(error) => {
+            state.metrics.read_route(ReadRoute::OwnerUnreachable);
+            if peers.warnings.allow() {
+                tracing::warn!(partition, %error, "the owner of a thread did not answer a forwarded request (a read is answered from the store, a feed or verify 503)");
+            }
+            Routed::OwnerSilent
+        }
+    }
 }
 
 /// Beyond the owner's own bound: the hop there and back, and scheduling on a loaded machine.
