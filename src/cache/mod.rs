@@ -41,7 +41,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use items::{InvalidCursor, Items, Order};
+pub use items::{ItemId, Items};
 pub use render::{Answer, Facts, Form, HistoryBody, Source, etag_of};
 pub use shadow::VerifyReport;
 pub use transcript::Transcript;
