@@ -1,43 +1,49 @@
 //! The store path: aihub's two-stage query over the existing `agent_events` collection ([contract section
-//! 4](../docs/contract.md#4)), with standard MongoDB commands only, rows decoded by the shared decoder. It reads; it
-//! never writes, creates collections or builds indexes.
+//! 4](../../docs/contract.md#4)), with standard MongoDB commands only, rows decoded by the shared decoder. It reads;
+//! it never writes, creates collections or builds indexes.
 //!
 //! Stage 1 finds the client-visible displays (the distinct displays of `UserAgent` display markers); stage 2 fetches
 //! the projectable families on those displays, sorted, with a projection of only what the decoder reads. Both stages
-//! name the index with a hint ([design 2b](../docs/design.md#2b)); when the store says the index does not exist, they
-//! run again without it, and that is logged once per process and counted.
+//! name the index with a hint ([design 2b](../../docs/design.md#2b)); when the store says the index does not exist,
+//! they run again without it, and that is logged once per process and counted.
 //!
 //! The view cache reads through [`StoreReads`] (the two stages and a fill), so its unit tests can run on an in-memory
 //! fake. Every query and ping reports its outcome to [`Coverage`] in one place ([`Store::bounded`]).
+//!
+//! One job a file: this one holds the [`Store`] handle (its clients and connection pools, the outcome of each
+//! query, the `StoreReads` it implements); [`query`] what each query sends and how its rows are read; [`bounds`] a
+//! query's deadline (`maxTimeMS`) and byte budget; [`hint`] the index hints and their fallback; [`error`] the
+//! [`StoreError`] a query fails with and how a driver error is sorted into it.
+
+mod bounds;
+mod error;
+mod hint;
+mod query;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use mongodb::bson::oid::ObjectId;
-use mongodb::bson::raw::RawBsonRef;
 use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
 use mongodb::error::{Error as MongoError, ErrorKind};
-use mongodb::options::{ClientOptions, ConnectionString, Hint};
+use mongodb::options::{ClientOptions, ConnectionString};
 use mongodb::{Client, Collection, Database};
 
+pub use bounds::Bounds;
+pub use error::StoreError;
+pub use hint::IndexHints;
+pub use query::{events_filter, events_sort, fill_filter, markers_pipeline, projection};
+
 use crate::coverage::Coverage;
-use crate::decode::{
-    DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, Family, USER_AGENT, ViewEvent, decode_row, row_key,
-};
+use crate::decode::ViewEvent;
 use crate::explain::RowMeta;
 use crate::metrics::{Labelled, Metrics};
 use crate::shadow::StoredRow;
-use crate::subject::KEY_FIELDS;
 use crate::telemetry::RateLimit;
-use crate::view::{display_bytes, event_bytes};
-
-/// Parents that make a `UserAgent` display event a visibility marker.
-const MARKER_PARENTS: [&str; 2] = Family::parents(Family::MARKERS);
-/// The five projectable families.
-const FAMILY_PARENTS: [&str; 5] = Family::parents(Family::ALL);
+use hint::IndexHint;
+use query::find_row_metadata;
 
 /// Connections of the fills' own pool: fills run one batch at a time, so a few suffice.
 const FILL_POOL_SIZE: u32 = 2;
@@ -102,82 +108,6 @@ impl QueryKind {
     }
 }
 
-/// Why a store query failed. A read never answers a partial history: it answers 503, or 507 for `TooLarge`, or
-/// 500 for `Rejected`.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("the store did not answer within {0:?}")]
-    Timeout(Duration),
-    #[error("the store query failed")]
-    Query(#[source] MongoError),
-    /// The store refused the query itself (a command error other than a missing index): retrying cannot help.
-    #[error("the store rejected the query")]
-    Rejected(#[source] MongoError),
-    /// The thread's events exceed `HISTORY_VIEW_MAX_THREAD_BYTES`: the read stopped there rather than hold them.
-    #[error(
-        "the thread's events exceed the per-thread limit of {limit} bytes (HISTORY_VIEW_MAX_THREAD_BYTES)"
-    )]
-    TooLarge { limit: usize },
-}
-
-impl StoreError {
-    /// The `kind` labels of `history_view_store_errors_total`.
-    pub const KINDS: [&'static str; 4] = ["timeout", "unavailable", "failed", "rejected"];
-
-    /// Its `kind` label; `None` for a thread over the per-thread limit (the store answered; counted by
-    /// `history_view_thread_limit_exceeded_total`).
-    pub fn kind(&self) -> Option<&'static str> {
-        match self {
-            StoreError::Timeout(_) => Some(Self::KINDS[0]),
-            StoreError::Query(_) if self.is_outage() => Some(Self::KINDS[1]),
-            StoreError::Query(_) => Some(Self::KINDS[2]),
-            StoreError::Rejected(_) => Some(Self::KINDS[3]),
-            StoreError::TooLarge { .. } => None,
-        }
-    }
-
-    /// Whether the failure means the store is unreachable or stalled (so aihub's persister most likely could not
-    /// write either), as opposed to a command the store answered with an error.
-    ///
-    /// Chosen: a timeout and every driver error other than a command or write error count as an outage.
-    pub fn is_outage(&self) -> bool {
-        match self {
-            StoreError::Timeout(_) => true,
-            StoreError::Query(error) => !matches!(
-                error.kind.as_ref(),
-                ErrorKind::Command(_) | ErrorKind::Write(_)
-            ),
-            StoreError::Rejected(_) | StoreError::TooLarge { .. } => false,
-        }
-    }
-
-    /// Sorts a driver error: a command error whose code says the query itself is wrong is a rejection (a
-    /// missing hinted index never gets here, it is retried without the hint); anything else, transient command
-    /// errors such as `MaxTimeMSExpired` included, a failure that a later read may not meet.
-    fn from_driver(error: MongoError) -> Self {
-        match error.kind.as_ref() {
-            ErrorKind::Command(command) if is_rejection(command.code) => {
-                StoreError::Rejected(error)
-            }
-            _ => StoreError::Query(error),
-        }
-    }
-
-    /// Whether the store said that a hinted index does not exist.
-    fn is_missing_index(&self) -> bool {
-        match self {
-            StoreError::Query(error) | StoreError::Rejected(error) => is_missing_index(error),
-            _ => false,
-        }
-    }
-}
-
-impl From<MongoError> for StoreError {
-    fn from(error: MongoError) -> Self {
-        StoreError::from_driver(error)
-    }
-}
-
 /// What stage 1 found: the thread's visible displays.
 #[derive(Debug, Default)]
 pub struct VisibleDisplays {
@@ -185,14 +115,6 @@ pub struct VisibleDisplays {
     pub displays: Vec<String>,
     /// Marker rows whose `display_id` is not a string, skipped (no delivery key can hold one).
     pub skipped_markers: u64,
-}
-
-/// What bounds one query: the read's deadline (its `maxTimeMS` is the time left) and the bytes of compact events
-/// (or displays, for stage 1) it may hold before it stops with [`StoreError::TooLarge`].
-#[derive(Debug, Clone, Copy)]
-pub struct Bounds {
-    pub deadline: Instant,
-    pub budget: usize,
 }
 
 /// The store reads the view cache makes: the two stages of a hydration and a fill. [`Store`] runs them on MongoDB;
@@ -300,55 +222,6 @@ pub struct StoreSettings {
     pub persist_lag: Duration,
     /// Whether shadow checks run (they get a connection pool of their own).
     pub shadow: bool,
-}
-
-/// The index hints of the store queries; `None` disables one.
-#[derive(Debug, Clone, Default)]
-pub struct IndexHints {
-    /// Named by both hydration stages (`thread_id_1_event_type_1_event_parents_1` in aihub's collection).
-    pub thread: Option<String>,
-    /// Named by fills, which read a few displays of one thread (`display_id_1` in aihub's collection).
-    pub display: Option<String>,
-}
-
-/// How long a hinted index found missing is not named again: queries run unhinted meanwhile, then the hint is
-/// tried again (the index may have been built since).
-const MISSING_INDEX_RECHECK: Duration = Duration::from_secs(300);
-
-/// One configured hint, whether its missing index was already logged (once per process and index), and until
-/// when it is known to be missing.
-struct IndexHint {
-    name: Option<String>,
-    missing_logged: AtomicBool,
-    missing_until: std::sync::Mutex<Option<Instant>>,
-}
-
-impl IndexHint {
-    fn new(name: Option<String>) -> Self {
-        Self {
-            name,
-            missing_logged: AtomicBool::new(false),
-            missing_until: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// The hint to name now: none while the index is known to be missing.
-    fn current(&self) -> Option<&str> {
-        let missing = self
-            .missing_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_some_and(|until| Instant::now() < until);
-        if missing { None } else { self.name.as_deref() }
-    }
-
-    fn found_missing(&self) {
-        *self
-            .missing_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some(Instant::now() + MISSING_INDEX_RECHECK);
-    }
 }
 
 impl Store {
@@ -513,154 +386,6 @@ impl Store {
         })
         .await
     }
-
-    /// Stage 1: the distinct string `display_id`s of the thread's `UserAgent` display markers, and how many
-    /// distinct values of another type were skipped.
-    ///
-    /// Chosen: an aggregation (`$match`, then `$group` on `display_id`) rather than the `distinct` command, because
-    /// `distinct` accepts a hint only from MongoDB 7.1 while `aggregate` has accepted one since 3.6 (FerretDB 2
-    /// speaks the 7.0 wire version). Same filter, same values; displays that are missing or null are dropped, as
-    /// they cannot be a display a client sees.
-    async fn find_displays(
-        &self,
-        thread_id: &str,
-        hydration: Hydration,
-        hint: Option<&str>,
-        bounds: Bounds,
-    ) -> Result<VisibleDisplays, StoreError> {
-        let mut action = self
-            .clients()
-            .await?
-            .for_query(hydration == Hydration::Shadow, false)
-            .aggregate(markers_pipeline(thread_id))
-            .max_time(time_left(bounds.deadline));
-        if let Some(hint) = hint {
-            action = action.hint(Hint::Name(hint.to_owned()));
-        }
-        let mut cursor = action.await?;
-        let mut displays = Vec::new();
-        let mut skipped = 0;
-        let mut bytes = 0;
-        while cursor.advance().await? {
-            match cursor.current().get("_id") {
-                Ok(Some(RawBsonRef::String(display))) => {
-                    bytes += display_bytes(display);
-                    if bytes > bounds.budget {
-                        return Err(StoreError::TooLarge {
-                            limit: bounds.budget,
-                        });
-                    }
-                    displays.push(display.to_owned());
-                }
-                // Missing or null: no display a client sees.
-                Ok(None | Some(RawBsonRef::Null)) => {}
-                // Any other type cannot be part of a delivery key ([contract 6](../docs/contract.md#6)), so no event of
-                // it is projected; it must not reach stage 2's `$in` either, where a document like `{"$ne": 1}` is an
-                // error.
-                _ => skipped += 1,
-            }
-        }
-        Ok(VisibleDisplays {
-            displays,
-            skipped_markers: skipped,
-        })
-    }
-
-    /// Stage 2 (sorted, in projection order) or a fill (unsorted: the view orders what it holds): the rows that
-    /// `filter` selects, decoded as the cursor yields them, stopped with [`StoreError::TooLarge`] (its `limit` is
-    /// the budget here; callers name their own) as soon as the compact events exceed `bounds.budget` bytes.
-    async fn find_events<T>(
-        &self,
-        collection: &Collection<RawDocumentBuf>,
-        filter: Document,
-        sort: Option<Document>,
-        hint: Option<&str>,
-        bounds: Bounds,
-        keep: fn(ViewEvent, Option<ObjectId>) -> T,
-    ) -> Result<Vec<T>, StoreError> {
-        let mut action = collection
-            .find(filter)
-            .projection(projection())
-            .max_time(time_left(bounds.deadline));
-        if let Some(sort) = sort {
-            action = action.sort(sort);
-        }
-        if let Some(hint) = hint {
-            action = action.hint(Hint::Name(hint.to_owned()));
-        }
-        let mut cursor = action.await?;
-        let mut events = Vec::new();
-        let mut bytes = 0;
-        while cursor.advance().await? {
-            let row = cursor.current();
-            if let Decoded::Event(event) = decode_row(row) {
-                bytes += event_bytes(&event);
-                if bytes > bounds.budget {
-                    return Err(StoreError::TooLarge {
-                        limit: bounds.budget,
-                    });
-                }
-                let id = row.get_object_id("_id").ok();
-                if let (Some(id), Ok(created_at)) = (id, event.created_at) {
-                    self.observe_persister_lag(id, created_at, &event);
-                }
-                events.push(keep(event, id));
-            }
-        }
-        Ok(events)
-    }
-
-    /// Measures how long after its `created_at` a row was persisted (its `_id` time, whole seconds, so the figure
-    /// is at most one second low and never high), and warns (rate-limited) when that exceeds the bound the
-    /// completeness rule assumes.
-    fn observe_persister_lag(&self, id: ObjectId, created_at_ns: i64, event: &ViewEvent) {
-        let persisted_ns = i128::from(id.timestamp().timestamp_millis()) * 1_000_000;
-        let lag_ns = persisted_ns - i128::from(created_at_ns);
-        let bound = self.inner.persist_lag;
-        if self.inner.metrics.persister_lag(lag_ns, bound) && self.inner.lag_warnings.allow() {
-            let lag = Duration::from_nanos(u64::try_from(lag_ns).unwrap_or(u64::MAX));
-            let key = &event.key;
-            tracing::warn!(
-                thread_id = key.thread_id(),
-                display_id = key.display_id(),
-                event_id = key.event_id(),
-                lag_ms = u64::try_from(lag.as_millis()).unwrap_or(u64::MAX),
-                bound_ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
-                "A stored event was persisted later than HISTORY_VIEW_PERSIST_LAG_MS after it was created; \
-                 views may be served as complete without such events: raise the bound"
-            );
-        }
-    }
-
-    /// Runs `run` with `hint` (unless its index was found missing within the last few minutes); if the store
-    /// rejects the hint because the index is missing, runs it again without one and remembers that.
-    async fn with_hint_fallback<'a, T, F, Fut>(
-        &'a self,
-        hint: &'a IndexHint,
-        run: F,
-    ) -> Result<T, StoreError>
-    where
-        F: Fn(Option<&'a str>) -> Fut,
-        Fut: Future<Output = Result<T, StoreError>>,
-    {
-        let name = hint.current();
-        match run(name).await {
-            Err(error) if name.is_some() && error.is_missing_index() => {
-                self.inner.metrics.index_hint_fallback();
-                hint.found_missing();
-                if !hint.missing_logged.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        index = name.unwrap_or_default(),
-                        recheck_secs = MISSING_INDEX_RECHECK.as_secs(),
-                        "The hinted index does not exist; history reads fall back to unhinted queries and will be \
-                         slower (the hint is tried again every few minutes)"
-                    );
-                }
-                run(None).await
-            }
-            other => other,
-        }
-    }
 }
 
 impl StoreReads for Store {
@@ -674,9 +399,11 @@ impl StoreReads for Store {
         let displays = self
             .bounded(
                 bounds.deadline,
-                self.with_hint_fallback(&self.inner.thread_hint, |hint| {
-                    self.find_displays(thread_id, hydration, hint, bounds)
-                }),
+                self.inner
+                    .thread_hint
+                    .with_fallback(&self.inner.metrics, |hint| {
+                        self.find_displays(thread_id, hydration, hint, bounds)
+                    }),
             )
             .await?;
         self.record_query(QueryKind::Markers(hydration), started.elapsed());
@@ -735,7 +462,7 @@ impl StoreReads for Store {
 
 impl Store {
     /// Every row of `thread_id` without its payload, in stage 2's order, for `explain`
-    /// ([design 3.3](../docs/design.md#3.3)): its delivery key, `created_at`, and what the decoder's family filter
+    /// ([design 3.3](../../docs/design.md#3.3)): its delivery key, `created_at`, and what the decoder's family filter
     /// makes of it. One query on the hydration index (its first field is `thread_id`), on the main pool, within
     /// `bounds` like a hydration (each row counts its key's bytes against the per-thread limit).
     ///
@@ -750,72 +477,16 @@ impl Store {
         let rows = self
             .bounded(bounds.deadline, async {
                 let clients = self.clients().await?;
-                self.with_hint_fallback(&self.inner.thread_hint, |hint| {
-                    find_row_metadata(&clients.collection, thread_id, hint, bounds)
-                })
-                .await
+                self.inner
+                    .thread_hint
+                    .with_fallback(&self.inner.metrics, |hint| {
+                        find_row_metadata(&clients.collection, thread_id, hint, bounds)
+                    })
+                    .await
             })
             .await?;
         self.record_query(QueryKind::Explain, started.elapsed());
         Ok(rows)
-    }
-}
-
-/// [`Store::row_metadata`]'s query.
-async fn find_row_metadata(
-    collection: &Collection<RawDocumentBuf>,
-    thread_id: &str,
-    hint: Option<&str>,
-    bounds: Bounds,
-) -> Result<Vec<RowMeta>, StoreError> {
-    let mut projection = doc! {"_id": 0, "event_parents": 1, "event_data.created_at": 1};
-    for field in KEY_FIELDS {
-        projection.insert(field, 1);
-    }
-    let mut action = collection
-        .find(doc! {"thread_id": thread_id})
-        .projection(projection)
-        .sort(events_sort())
-        .max_time(time_left(bounds.deadline));
-    if let Some(hint) = hint {
-        action = action.hint(Hint::Name(hint.to_owned()));
-    }
-    let mut cursor = action.await?;
-    let mut rows = Vec::new();
-    let mut bytes = 0;
-    while cursor.advance().await? {
-        let row = metadata_of(cursor.current());
-        bytes += row.bytes();
-        if bytes > bounds.budget {
-            return Err(StoreError::TooLarge {
-                limit: bounds.budget,
-            });
-        }
-        rows.push(row);
-    }
-    Ok(rows)
-}
-
-/// A row's metadata: its key and `created_at` as the decoder reads them, and whether the decoder keeps it. Its
-/// payload fields were not fetched, so the decoded body is dropped.
-fn metadata_of(row: &mongodb::bson::RawDocument) -> RowMeta {
-    match decode_row(row) {
-        Decoded::Event(event) => RowMeta {
-            created_at: event.created_at.ok(),
-            relevant: true,
-            marker: event.is_marker(),
-            key: event.key,
-        },
-        Decoded::Irrelevant => RowMeta {
-            key: row_key(row),
-            created_at: match row.get_document("event_data").map(|d| d.get("created_at")) {
-                Ok(Ok(Some(RawBsonRef::Int64(n)))) => Some(n),
-                Ok(Ok(Some(RawBsonRef::Int32(n)))) => Some(i64::from(n)),
-                _ => None,
-            },
-            relevant: false,
-            marker: false,
-        },
     }
 }
 
@@ -872,7 +543,7 @@ impl Store {
             .bounded(bounds.deadline, async {
                 let clients = self.clients().await?;
                 let collection = clients.for_query(shadow, fill);
-                self.with_hint_fallback(hint, |hint| {
+                hint.with_fallback(&self.inner.metrics, |hint| {
                     let sort = (!fill).then(events_sort);
                     self.find_events(collection, filter.clone(), sort, hint, bounds, keep)
                 })
@@ -881,85 +552,5 @@ impl Store {
             .await?;
         self.record_query(kind, started.elapsed());
         Ok(events)
-    }
-}
-
-/// A query's `maxTimeMS`: the read's time left (at least a millisecond, which the store reads as a limit; zero
-/// would mean none).
-fn time_left(deadline: Instant) -> Duration {
-    deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1))
-}
-
-/// Stage 1's pipeline: the thread's `UserAgent` display markers, grouped by display.
-pub fn markers_pipeline(thread_id: &str) -> [Document; 2] {
-    let filter = doc! {
-        "thread_id": thread_id,
-        "event_type": DISPLAY_EVENT,
-        "agent_class": USER_AGENT,
-        "event_parents": {"$in": MARKER_PARENTS.as_slice()},
-    };
-    [
-        doc! {"$match": filter},
-        doc! {"$group": {"_id": "$display_id"}},
-    ]
-}
-
-/// Stage 2's filter: the projectable families on the visible displays, from any agent.
-pub fn events_filter(thread_id: &str, displays: &[Bson]) -> Document {
-    doc! {
-        "thread_id": thread_id,
-        "event_type": DISPLAY_EVENT,
-        "display_id": {"$in": displays},
-        "event_parents": {"$in": FAMILY_PARENTS.as_slice()},
-    }
-}
-
-/// A fill's filter: stage 2's, for the newly visible displays of a batch of threads.
-pub fn fill_filter(threads: &[&str], displays: &[Bson]) -> Document {
-    doc! {
-        "thread_id": {"$in": threads},
-        "event_type": DISPLAY_EVENT,
-        "display_id": {"$in": displays},
-        "event_parents": {"$in": FAMILY_PARENTS.as_slice()},
-    }
-}
-
-/// Stage 2's order: aihub's sort; ties beyond `event_id` are settled in memory by the full delivery key.
-pub fn events_sort() -> Document {
-    doc! {"event_data.created_at": 1, "event_id": 1}
-}
-
-/// Only the fields the decoder reads, and `_id` (its time measures the persister's lag).
-pub fn projection() -> Document {
-    let mut projection = doc! {"_id": 1};
-    for field in KEY_FIELDS.iter().chain(&["event_parents"]) {
-        projection.insert(*field, 1);
-    }
-    for field in EVENT_DATA_FIELDS {
-        projection.insert(format!("event_data.{field}"), 1);
-    }
-    projection
-}
-
-/// Whether a command error code says the query cannot succeed as sent, whenever it is retried. Chosen: BadValue
-/// (2), FailedToParse (9), TypeMismatch (14), InvalidOptions (72), InvalidNamespace (73), CommandNotSupportedOnView
-/// (166) and InvalidPipelineOperator (168); every other code is treated as possibly transient.
-fn is_rejection(code: i32) -> bool {
-    matches!(code, 2 | 9 | 14 | 72 | 73 | 166 | 168)
-}
-
-/// Whether the store rejected the hint itself: MongoDB and SecantusDB answer a hint naming no index with BadValue
-/// (code 2) "hint ... does not correspond to an existing index", other servers with IndexNotFound (27), and a server
-/// that does not know the option at all names the `hint` field. All mean: retry without the hint.
-fn is_missing_index(error: &MongoError) -> bool {
-    match error.kind.as_ref() {
-        ErrorKind::Command(command) => {
-            command.code == 27
-                || command.code_name == "IndexNotFound"
-                || command.message.to_ascii_lowercase().contains("hint")
-        }
-        _ => false,
     }
 }
