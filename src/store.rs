@@ -34,6 +34,9 @@ use crate::subject::KEY_FIELDS;
 use crate::telemetry::RateLimit;
 use crate::view::{display_bytes, event_bytes};
 
+mod settings;
+pub use settings::{DEFAULT_FILL_INDEX_HINT, DEFAULT_INDEX_HINT, StoreBounds, StoreSettings};
+
 /// Parents that make a `UserAgent` display event a visibility marker.
 const MARKER_PARENTS: [&str; 2] = Family::parents(Family::MARKERS);
 /// The five projectable families.
@@ -264,9 +267,9 @@ struct Inner {
     thread_hint: IndexHint,
     /// The index a fill names.
     display_hint: IndexHint,
-    timeout: Duration,
-    /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
-    persist_lag: Duration,
+    /// The store timeout bounds a ping and connecting (a read's queries are bounded by its own deadline); rows
+    /// persisted later than the persister-lag bound after their `created_at` are warned about.
+    bounds: StoreBounds,
     /// Whether shadow checks run (their client is made with the others).
     shadow: bool,
     metrics: Metrics,
@@ -285,30 +288,6 @@ struct Clients {
     fill_collection: Collection<RawDocumentBuf>,
     /// The same collection through the shadow checks' own client, when they are on.
     shadow_collection: Option<Collection<RawDocumentBuf>>,
-}
-
-/// What the store client is configured with.
-#[derive(Debug, Clone)]
-pub struct StoreSettings {
-    pub database: String,
-    pub collection: String,
-    pub hints: IndexHints,
-    /// Bound of a ping and of connecting (`HISTORY_VIEW_STORE_TIMEOUT_MS`); a read's queries are bounded by its
-    /// own deadline.
-    pub timeout: Duration,
-    /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
-    pub persist_lag: Duration,
-    /// Whether shadow checks run (they get a connection pool of their own).
-    pub shadow: bool,
-}
-
-/// The index hints of the store queries; `None` disables one.
-#[derive(Debug, Clone, Default)]
-pub struct IndexHints {
-    /// Named by both hydration stages (`thread_id_1_event_type_1_event_parents_1` in aihub's collection).
-    pub thread: Option<String>,
-    /// Named by fills, which read a few displays of one thread (`display_id_1` in aihub's collection).
-    pub display: Option<String>,
 }
 
 /// How long a hinted index found missing is not named again: queries run unhinted meanwhile, then the hint is
@@ -359,19 +338,14 @@ impl Store {
     /// # Errors
     /// The URI cannot be parsed or names options the driver rejects.
     pub async fn connect(
-        uri: &str,
-        settings: StoreSettings,
+        settings: &StoreSettings,
+        bounds: StoreBounds,
+        shadow: bool,
         metrics: Metrics,
         coverage: Coverage,
     ) -> Result<Self, MongoError> {
-        let StoreSettings {
-            database,
-            collection,
-            hints,
-            timeout,
-            persist_lag,
-            shadow,
-        } = settings;
+        let uri = settings.uri.expose();
+        let timeout = bounds.store_timeout;
         // The syntax and the options are checked now, without DNS.
         ConnectionString::parse(uri)?;
         metrics.preset(
@@ -386,13 +360,12 @@ impl Store {
         let store = Self {
             inner: Arc::new(Inner {
                 uri: uri.to_owned(),
-                database_name: database,
-                collection_name: collection,
+                database_name: settings.database.clone(),
+                collection_name: settings.collection.clone(),
                 clients: tokio::sync::OnceCell::new(),
-                thread_hint: IndexHint::new(hints.thread),
-                display_hint: IndexHint::new(hints.display),
-                timeout,
-                persist_lag,
+                thread_hint: IndexHint::new(settings.thread_hint().map(str::to_owned)),
+                display_hint: IndexHint::new(settings.display_hint().map(str::to_owned)),
+                bounds,
                 shadow,
                 metrics,
                 coverage,
@@ -432,8 +405,10 @@ impl Store {
                     .app_name
                     .get_or_insert_with(|| "chat-history-view".to_owned());
                 // A store that is down must fail a read within the read timeout, not the driver's 30 s default.
-                options.server_selection_timeout = Some(inner.timeout);
-                options.connect_timeout.get_or_insert(inner.timeout);
+                options.server_selection_timeout = Some(inner.bounds.store_timeout);
+                options
+                    .connect_timeout
+                    .get_or_insert(inner.bounds.store_timeout);
                 // Fills get a client (and so a connection pool) of their own: a fill holds up the reads of its
                 // thread, so it must not queue behind other threads' hydrations for a connection.
                 let mut fill_options = options.clone();
@@ -472,7 +447,7 @@ impl Store {
         deadline: Instant,
         query: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let timeout = self.inner.timeout;
+        let timeout = self.inner.bounds.store_timeout;
         let result = tokio::time::timeout_at(deadline, query)
             .await
             .unwrap_or(Err(StoreError::Timeout(timeout)));
@@ -502,7 +477,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] when it does not.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.bounded(Instant::now() + self.inner.timeout, async {
+        self.bounded(self.inner.bounds.store_deadline(), async {
             let clients = self.clients().await?;
             clients
                 .database
@@ -616,7 +591,7 @@ impl Store {
     fn observe_persister_lag(&self, id: ObjectId, created_at_ns: i64, event: &ViewEvent) {
         let persisted_ns = i128::from(id.timestamp().timestamp_millis()) * 1_000_000;
         let lag_ns = persisted_ns - i128::from(created_at_ns);
-        let bound = self.inner.persist_lag;
+        let bound = self.inner.bounds.persist_lag;
         if self.inner.metrics.persister_lag(lag_ns, bound) && self.inner.lag_warnings.allow() {
             let lag = Duration::from_nanos(u64::try_from(lag_ns).unwrap_or(u64::MAX));
             let key = &event.key;

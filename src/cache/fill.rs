@@ -5,7 +5,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 use super::entry::Entry;
 use super::work::{Outcome, Ticket};
@@ -102,7 +101,7 @@ impl<S: StoreReads> ViewCache<S> {
             .map(|(request, displays)| (&*request.entry.thread_id, displays.as_slice()))
             .collect();
         let bounds = Bounds {
-            deadline: Instant::now() + self.settings.store_timeout,
+            deadline: self.bounds.store_deadline(),
             budget: self.settings.max_thread_bytes.saturating_mul(wanted.len()),
         };
         let events = match self.store.fill_events(&wanted, bounds).await {

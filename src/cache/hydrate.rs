@@ -51,7 +51,7 @@ impl<S: StoreReads> ViewCache<S> {
         entry: &Arc<Entry>,
         hydration: Hydration,
     ) -> Result<(), ReadError> {
-        let deadline = Instant::now() + self.settings.store_timeout;
+        let deadline = self.bounds.store_deadline();
         // Waiting for a slot counts against the read's store timeout.
         let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
         else {
@@ -128,7 +128,7 @@ impl<S: StoreReads> ViewCache<S> {
         thread_id: &str,
         primary: Option<&Identity>,
     ) -> Result<Answer<F>, ReadError> {
-        let deadline = Instant::now() + self.settings.store_timeout;
+        let deadline = self.bounds.store_deadline();
         let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
         else {
             self.metrics.hydration_slot_timeout();
@@ -268,7 +268,7 @@ impl ViewCache<Store> {
     /// # Errors
     /// [`ReadError`] as for a hydration.
     pub async fn row_metadata(&self, thread_id: &str) -> Result<Vec<RowMeta>, ReadError> {
-        let deadline = Instant::now() + self.settings.store_timeout;
+        let deadline = self.bounds.store_deadline();
         let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
         else {
             self.metrics.hydration_slot_timeout();

@@ -25,6 +25,7 @@ mod fill;
 mod hydrate;
 mod items;
 mod render;
+mod settings;
 mod shadow;
 #[cfg(test)]
 mod tests;
@@ -43,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use items::{InvalidCursor, Items, Order};
 pub use render::{Answer, Facts, Form, HistoryBody, Source, etag_of};
+pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use shadow::VerifyReport;
 pub use transcript::Transcript;
 
@@ -52,6 +54,7 @@ use crate::freshness::Freshness;
 use crate::metrics::{Labelled, Metrics};
 use crate::project::Identity;
 use crate::shadow::{Finding, ShadowSettings, Verdict};
+use crate::store::StoreBounds;
 use crate::store::{Hydration, Store, StoreError, StoreReads};
 use crate::telemetry::RateLimit;
 use crate::view::{Inserted, ThreadView, ViewState};
@@ -66,21 +69,14 @@ pub const CHANGE_RECHECK: Duration = Duration::from_millis(250);
 /// Fills waiting for a query; beyond it a fill is dropped and its view's next read hydrates.
 const FILL_QUEUE: usize = 1024;
 
-/// What the view cache is configured with.
+/// What the view cache is built with: its settings, the shadow checks', the shared bounds, and how long after a read
+/// a lost connection may still be noticed (a shadow check judges a failure only after it).
 #[derive(Debug, Clone)]
-pub struct CacheSettings {
-    /// `HISTORY_VIEW_CACHE_MAX_BYTES`: the byte budget of the views held.
-    pub max_bytes: u64,
-    /// `HISTORY_VIEW_CACHE_IDLE_SECS`: a view unused this long leaves.
-    pub idle: Duration,
-    /// `HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS`: store reads of whole threads at once.
-    pub concurrent_hydrations: usize,
-    /// `HISTORY_VIEW_STORE_TIMEOUT_MS`: how long a read may wait for the store, a hydration slot included.
-    pub store_timeout: Duration,
-    /// `HISTORY_VIEW_MAX_THREAD_BYTES`: most bytes of events one view or store read may hold.
-    pub max_thread_bytes: usize,
-    /// The shadow checks of reads answered from memory, and the persister-lag bound.
+pub struct CacheSetup {
+    pub settings: CacheSettings,
     pub shadow: ShadowSettings,
+    pub bounds: StoreBounds,
+    pub gap_window: Duration,
 }
 
 /// Why a read could not be answered (the view stays partial).
@@ -139,6 +135,8 @@ pub struct ViewCache<S = Store> {
     cache: Cache<String, Arc<Entry>, foldhash::quality::RandomState>,
     store: Arc<S>,
     settings: Arc<CacheSettings>,
+    /// The store timeout and the persister-lag bound.
+    bounds: StoreBounds,
     metrics: Metrics,
     /// Whether a store read may complete a view, and the epoch complete views are checked against.
     coverage: Coverage,
@@ -164,6 +162,7 @@ impl<S> Clone for ViewCache<S> {
             cache: self.cache.clone(),
             store: Arc::clone(&self.store),
             settings: Arc::clone(&self.settings),
+            bounds: self.bounds,
             metrics: self.metrics.clone(),
             coverage: self.coverage.clone(),
             stop: self.stop.clone(),
@@ -183,8 +182,14 @@ impl<S: StoreReads> ViewCache<S> {
         metrics: Metrics,
         coverage: Coverage,
         freshness: Freshness,
-        settings: CacheSettings,
+        setup: CacheSetup,
     ) -> Self {
+        let CacheSetup {
+            settings,
+            shadow,
+            bounds,
+            gap_window,
+        } = setup;
         let cache = Cache::builder()
             .max_capacity(settings.max_bytes)
             .weigher(|_thread: &String, entry: &Arc<Entry>| entry.charge())
@@ -205,9 +210,10 @@ impl<S: StoreReads> ViewCache<S> {
             cache,
             store: Arc::new(store),
             hydration_slots: Arc::new(tokio::sync::Semaphore::new(settings.concurrent_hydrations)),
-            checks: Arc::new(shadow::Checks::new(settings.shadow.clone())),
+            checks: Arc::new(shadow::Checks::new(shadow, bounds, gap_window)),
             freshness,
             settings: Arc::new(settings),
+            bounds,
             metrics,
             coverage,
             stop: CancellationToken::new(),
@@ -257,7 +263,7 @@ impl<S: StoreReads> ViewCache<S> {
             // A resumed JetStream consumer has not delivered what its stream held yet: a complete view may lack it
             // for a moment. Wait for it, but within part of the read's time, then read the store.
             catch_up
-                .wait(Instant::now() + self.settings.store_timeout / 2)
+                .wait(Instant::now() + self.bounds.store_timeout / 2)
                 .await;
         }
         if let Some(answer) = self.complete_answer(&entry, primary, Source::Cache) {
@@ -396,7 +402,7 @@ impl<S: StoreReads> ViewCache<S> {
     /// Up to when a store read that starts now will cover a thread: now less the persister-lag bound.
     fn store_covers_through(&self) -> std::time::SystemTime {
         std::time::SystemTime::now()
-            .checked_sub(self.settings.shadow.persist_lag)
+            .checked_sub(self.bounds.persist_lag)
             .unwrap_or(std::time::UNIX_EPOCH)
     }
 

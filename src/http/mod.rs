@@ -9,6 +9,7 @@ mod history;
 mod operations;
 mod route;
 mod serve;
+mod settings;
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ pub use error::ApiError;
 pub use history::{COVERED_THROUGH_HEADER, SOURCE_HEADER, ThreadId, canonical_object_id};
 pub use route::{FORWARDED_HEADER, Peers};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
+pub use settings::{HttpSettings, Inspector};
 
 use crate::cache::ViewCache;
 use crate::metrics::{HttpRefusal, Metrics};

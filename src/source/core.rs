@@ -16,7 +16,7 @@ use crate::coverage::Coverage;
 use crate::freshness;
 use crate::ingest::Ingest;
 use crate::metrics::{EventOutcome, Labelled};
-use crate::setting::Source;
+use crate::source::Source;
 
 /// Most messages still buffered in the subscription that are applied after a stop request; the rest are left
 /// (the views are dropped with the process anyway).

@@ -25,12 +25,14 @@ pub mod core;
 mod discovery;
 mod partitioned;
 mod rule;
+pub mod settings;
 #[cfg(test)]
 mod tests;
 pub mod witness;
 
 pub use crate::catch_up::{CatchUp, Lane};
 pub use discovery::{JetStreamSettings, JetStreamSource, filter_subjects, matches_pattern};
+pub use settings::Source;
 pub use witness::Witness;
 
 /// Added to a moment read off the server's clock: the server's clock may run behind the worker's.
