@@ -1,6 +1,7 @@
 //! Every relative link in the project's comments and docs resolves: the file exists and so does the anchor (an
-//! explicit `<a id="...">` or a heading's GitHub slug). Every rule the code cites ("contract 5.4", "design 2b") is
-//! such a link, so a newcomer reading only this repository can follow it.
+//! explicit `<a id="...">` or a heading's GitHub slug). Every rule the code cites ("contract 5.4", "design 2b",
+//! "design 2.1.3") is such a link, so a newcomer reading only this repository can follow it. The design's table of
+//! contents lists every section under its anchor, so it cannot go stale.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -153,7 +154,7 @@ fn every_cited_rule_is_a_link() {
     // A mention such as `contract 5.4` or `design section 3` must be a link's text (`[contract 5.4](...)`), or be
     // quoted as a name (`"contract 5.4"`).
     let mention =
-        Regex::new(r#"(.)\b(?:contract|design)(?: sections?)? \d+[a-z]?(?:\.\d+)?\b(.?.?)"#)
+        Regex::new(r#"(.)\b(?:contract|design)(?: sections?)? \d+[a-z]?(?:\.\d+)*\b(.?.?)"#)
             .unwrap();
     let mut plain = Vec::new();
     for file in files() {
@@ -169,6 +170,57 @@ fn every_cited_rule_is_a_link() {
         plain.is_empty(),
         "rules cited without a link:\n{}",
         plain.join("\n")
+    );
+}
+
+#[test]
+fn design_contents_list_every_section_under_its_anchor() {
+    let design = std::fs::read_to_string(Path::new(ROOT).join("docs/design.md")).unwrap();
+    let explicit = Regex::new(r#"^<a id="([^"]+)"></a>$"#).unwrap();
+    let heading = Regex::new(r"^#{2,6} (.+)$").unwrap();
+    let (contents, _) = design
+        .split_once("\n<a id=")
+        .expect("design.md has no explicit anchor");
+    let mut problems = Vec::new();
+    let mut ids: Vec<&str> = Vec::new();
+    let lines: Vec<&str> = design.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if let Some(c) = explicit.captures(line) {
+            ids.push(c.get(1).unwrap().as_str());
+        }
+        let Some(h) = heading.captures(line) else {
+            continue;
+        };
+        let title = &h[1];
+        // The anchors on the lines right above the heading.
+        let above: Vec<&str> = lines[..i]
+            .iter()
+            .rev()
+            .map_while(|l| explicit.captures(l).map(|c| c.get(1).unwrap().as_str()))
+            .collect();
+        if above.is_empty() {
+            problems.push(format!("`{line}` has no `<a id=...>` on the line above"));
+        } else if !above
+            .iter()
+            .any(|id| contents.contains(&format!("[{title}](#{id})")))
+        {
+            problems.push(format!(
+                "the contents lack `[{title}](#{})`",
+                above.last().unwrap()
+            ));
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for id in ids {
+        if !seen.insert(id) {
+            problems.push(format!("the anchor {id} is defined twice"));
+        }
+    }
+    assert!(seen.len() > 15, "only {} anchors found", seen.len());
+    assert!(
+        problems.is_empty(),
+        "docs/design.md:\n{}",
+        problems.join("\n")
     );
 }
 
