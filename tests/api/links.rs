@@ -1,7 +1,8 @@
 //! Every relative link in the project's comments and docs resolves: the file exists and so does the anchor (an
 //! explicit `<a id="...">` or a heading's GitHub slug). Every rule the code cites ("contract 5.4", "design 2b",
 //! "design 2.1.3") is such a link, so a newcomer reading only this repository can follow it. The design's table of
-//! contents lists every section under its anchor, so it cannot go stale.
+//! contents lists every section under its anchor, and the README's layout names every file under `src/`, so
+//! neither can go stale.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -222,6 +223,77 @@ fn design_contents_list_every_section_under_its_anchor() {
         "docs/design.md:\n{}",
         problems.join("\n")
     );
+}
+
+/// The files under `src/`, by their path relative to it (`/`-separated).
+fn src_files() -> BTreeSet<String> {
+    fn walk(dir: &Path, base: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, base, out);
+            } else {
+                let relative = path.strip_prefix(base).unwrap();
+                let parts: Vec<_> = relative
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                out.insert(parts.join("/"));
+            }
+        }
+    }
+    let src = Path::new(ROOT).join("src");
+    let mut out = BTreeSet::new();
+    walk(&src, &src, &mut out);
+    out
+}
+
+/// The files the README's "Layout" section names under `src/`: each line `  <path relative to src/>  <what it owns>`.
+fn layout_names(readme: &str) -> Vec<String> {
+    let start = readme
+        .find("\n## Layout")
+        .expect("README.md has no Layout section");
+    let section = &readme[start + 1..];
+    let section = section.find("\n## ").map_or(section, |end| &section[..end]);
+    let line = Regex::new(r"(?m)^  ([A-Za-z0-9_][A-Za-z0-9_./-]*\.[A-Za-z]+) +\S").unwrap();
+    line.captures_iter(section)
+        .map(|c| c[1].to_owned())
+        .collect()
+}
+
+#[test]
+fn readme_layout_names_every_src_file_once() {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let named = layout_names(&readme);
+    let files = src_files();
+    let mut problems: Vec<String> = files
+        .iter()
+        .filter(|f| !named.contains(f))
+        .map(|f| format!("src/{f} is not named (add a line `  {f}  <what it owns>`)"))
+        .collect();
+    let mut seen = BTreeSet::new();
+    for name in &named {
+        if !files.contains(name) {
+            problems.push(format!("{name} is named but src/{name} does not exist"));
+        }
+        if !seen.insert(name) {
+            problems.push(format!("{name} is named twice"));
+        }
+    }
+    assert!(files.len() > 30, "only {} files under src/", files.len());
+    assert!(
+        problems.is_empty(),
+        "README.md, Layout:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn layout_lines_are_read_by_their_two_space_indent() {
+    let readme = "# x\n## Layout\n```text\nsrc/   the crate\n  main.rs   wiring\n  cache/entry.rs  one \
+                  thread\n                  continued, not a file.rs line\ntests/api/  tests\n```\n## Next\n  \
+                  other.rs  elsewhere\n";
+    assert_eq!(layout_names(readme), ["main.rs", "cache/entry.rs"]);
 }
 
 #[test]
