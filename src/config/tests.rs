@@ -455,3 +455,100 @@ fn setting_names_are_pinned() {
         ]
     );
 }
+
+/// Each setting with a heading, its flag and its default, as `--help` shows them.
+fn settings() -> Vec<(String, String, String, Option<String>)> {
+    Config::command()
+        .get_arguments()
+        .filter_map(|arg| {
+            let env = arg.get_env()?.to_string_lossy().into_owned();
+            let default = arg
+                .get_default_values()
+                .first()
+                .map(|v| v.to_string_lossy().into_owned());
+            Some((
+                arg.get_help_heading()?.to_owned(),
+                env,
+                format!("--{}", arg.get_long()?),
+                default,
+            ))
+        })
+        .collect()
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
+}
+
+/// Design section 4 lists every setting under its `--help` heading, in the same order, with its flag and its
+/// default (a setting without a default says in words what happens, never a literal).
+#[test]
+fn design_section_4_lists_the_settings_as_help_does() {
+    let design = read("docs/design.md");
+    let section =
+        &design[design.find("<a id=\"4\"></a>").unwrap()..design.find("<a id=\"5\"></a>").unwrap()];
+    let mut heading = String::new();
+    let mut listed = Vec::new();
+    for line in section.lines() {
+        if let Some(h) = line.strip_prefix("**").and_then(|l| l.strip_suffix("**")) {
+            heading = h.to_owned();
+        }
+        let cells: Vec<&str> = line.split(" | ").collect();
+        let Some(env) = cells[0].strip_prefix("| `HISTORY_VIEW_") else {
+            continue;
+        };
+        listed.push((
+            heading.clone(),
+            format!("HISTORY_VIEW_{}", env.trim_end_matches('`')),
+            cells[1].trim_matches('`').to_owned(),
+            cells[2].to_owned(),
+        ));
+    }
+    let settings = settings();
+    assert_eq!(listed.len(), settings.len(), "{listed:#?}");
+    for ((heading, env, flag, default), (h, e, f, d)) in settings.iter().zip(&listed) {
+        assert_eq!((heading, env, flag), (h, e, f));
+        match default {
+            Some(default) => assert_eq!(d, &format!("`{default}`"), "{env}"),
+            None => assert!(
+                !d.starts_with('`'),
+                "{env} has no default, the design says {d}"
+            ),
+        }
+    }
+}
+
+/// Every variable the README names is a setting, and every default it states is the setting's.
+#[test]
+fn the_readme_names_real_settings_and_their_defaults() {
+    let readme = read("README.md");
+    let settings = settings();
+    let find = |env: &str| settings.iter().find(|(_, e, _, _)| e == env);
+    let named = regex::Regex::new(r"HISTORY_VIEW_[A-Z_]*[A-Z]").unwrap();
+    let mut found = 0;
+    for name in named.find_iter(&readme) {
+        assert!(
+            find(name.as_str()).is_some(),
+            "the README names {}, which is no setting",
+            name.as_str()
+        );
+        found += 1;
+    }
+    assert!(found > 20, "{found}");
+    let stated = regex::Regex::new(
+        r"`(HISTORY_VIEW_[A-Z_]+)`\)?,?\s+\(?default ([0-9][0-9.]*(?:\s?[KMG]i?B)?)",
+    )
+    .unwrap();
+    let mut checked = 0;
+    for c in stated.captures_iter(&readme) {
+        let (_, _, _, default) = find(&c[1]).unwrap();
+        assert_eq!(
+            default.as_deref(),
+            Some(c[2].replace(' ', "").as_str()),
+            "{}",
+            &c[1]
+        );
+        checked += 1;
+    }
+    assert!(checked > 10, "{checked}");
+}
