@@ -28,13 +28,15 @@ use crate::decode::{
     DISPLAY_EVENT, Decoded, EVENT_DATA_FIELDS, Family, USER_AGENT, ViewEvent, decode_row, row_key,
 };
 use crate::explain::RowMeta;
-use crate::metrics::{Labelled, Metrics};
+use crate::metrics::Metrics;
 use crate::shadow::StoredRow;
 use crate::subject::KEY_FIELDS;
 use crate::telemetry::RateLimit;
 use crate::view::{display_bytes, event_bytes};
 
+mod metrics;
 mod settings;
+pub use metrics::StoreMetrics;
 pub use settings::{DEFAULT_FILL_INDEX_HINT, DEFAULT_INDEX_HINT, StoreBounds, StoreSettings};
 
 /// Parents that make a `UserAgent` display event a visibility marker.
@@ -348,15 +350,6 @@ impl Store {
         let timeout = bounds.store_timeout;
         // The syntax and the options are checked now, without DNS.
         ConnectionString::parse(uri)?;
-        metrics.preset(
-            Labelled::StoreQueryKind,
-            &QueryKind::ALL.map(QueryKind::label),
-        );
-        metrics.preset(
-            Labelled::StoreQueryStage,
-            &QueryKind::ALL.map(QueryKind::stage),
-        );
-        metrics.preset(Labelled::StoreErrorKind, &StoreError::KINDS);
         let store = Self {
             inner: Arc::new(Inner {
                 uri: uri.to_owned(),
@@ -459,7 +452,7 @@ impl Store {
                     coverage.store_failed();
                 }
                 if let Some(kind) = error.kind() {
-                    self.inner.metrics.store_error(kind);
+                    self.inner.metrics.store.error(kind);
                 }
             }
         }
@@ -467,9 +460,7 @@ impl Store {
     }
 
     fn record_query(&self, kind: QueryKind, elapsed: Duration) {
-        self.inner
-            .metrics
-            .store_query(kind.label(), kind.stage(), elapsed);
+        self.inner.metrics.store.query(kind, elapsed);
     }
 
     /// Answers whether the store responds to `ping` within the timeout.
@@ -592,7 +583,8 @@ impl Store {
         let persisted_ns = i128::from(id.timestamp().timestamp_millis()) * 1_000_000;
         let lag_ns = persisted_ns - i128::from(created_at_ns);
         let bound = self.inner.bounds.persist_lag;
-        if self.inner.metrics.persister_lag(lag_ns, bound) && self.inner.lag_warnings.allow() {
+        if self.inner.metrics.store.persister_lag(lag_ns, bound) && self.inner.lag_warnings.allow()
+        {
             let lag = Duration::from_nanos(u64::try_from(lag_ns).unwrap_or(u64::MAX));
             let key = &event.key;
             tracing::warn!(
@@ -621,7 +613,7 @@ impl Store {
         let name = hint.current();
         match run(name).await {
             Err(error) if name.is_some() && error.is_missing_index() => {
-                self.inner.metrics.index_hint_fallback();
+                self.inner.metrics.store.index_hint_fallback();
                 hint.found_missing();
                 if !hint.missing_logged.swap(true, Ordering::Relaxed) {
                     tracing::warn!(

@@ -12,9 +12,9 @@
 //! keeps the promise is argued once, in [design 2.1] and [design 2].
 //!
 //! One job a file: [`entry`] (an entry and its lock order), [`work`] (the store side's state machine),
-//! [`hydrate`] (hydrations and re-reads), [`fill`] (fills), [`render`] (answers); this file holds the public read
-//! API, the moka cache and the limits. The store is read through [`StoreReads`], so [`tests`] run every race here
-//! on an in-memory store and tokio's paused clock.
+//! [`hydrate`] (hydrations and re-reads), [`fill`] (fills), [`render`] (answers), [`metrics`] (the cache's and the
+//! shadow checks' metrics); this file holds the public read API, the moka cache and the limits. The store is read
+//! through [`StoreReads`], so [`tests`] run every race here on an in-memory store and tokio's paused clock.
 //!
 //! [design 2.1]: ../../docs/design.md#2.1
 //! [design 2]: ../../docs/design.md#2
@@ -24,6 +24,7 @@ mod etag;
 mod fill;
 mod hydrate;
 mod items;
+mod metrics;
 mod render;
 mod settings;
 mod shadow;
@@ -43,6 +44,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use items::{InvalidCursor, Items, Order};
+pub use metrics::{CacheMetrics, ShadowMetrics};
 pub use render::{Answer, Facts, Form, HistoryBody, Source, etag_of};
 pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use shadow::VerifyReport;
@@ -51,9 +53,9 @@ pub use transcript::Transcript;
 use crate::coverage::Coverage;
 use crate::decode::ViewEvent;
 use crate::freshness::Freshness;
-use crate::metrics::{Labelled, Metrics};
+use crate::metrics::Metrics;
 use crate::project::Identity;
-use crate::shadow::{Finding, ShadowSettings, Verdict};
+use crate::shadow::ShadowSettings;
 use crate::store::StoreBounds;
 use crate::store::{Hydration, Store, StoreError, StoreReads};
 use crate::telemetry::RateLimit;
@@ -196,16 +198,7 @@ impl<S: StoreReads> ViewCache<S> {
             .time_to_idle(settings.idle)
             .build_with_hasher(foldhash::quality::RandomState::default());
         let (fills, requests) = mpsc::channel(FILL_QUEUE);
-        metrics.cache_budget(settings.max_bytes);
-        metrics.preset(Labelled::ReadSource, &Source::ALL.map(Source::label));
-        metrics.preset(
-            Labelled::ThreadLimitPath,
-            &LimitPath::ALL.map(LimitPath::label),
-        );
-        metrics.preset(Labelled::ShadowCheck, &Verdict::ALL.map(Verdict::label));
-        let mut findings = Finding::ALL.map(Finding::label).to_vec();
-        findings.push(Verdict::Window.label());
-        metrics.preset(Labelled::ShadowEvent, &findings);
+        metrics.cache.budget(settings.max_bytes);
         let views = Self {
             cache,
             store: Arc::new(store),
@@ -267,10 +260,10 @@ impl<S: StoreReads> ViewCache<S> {
                 .await;
         }
         if let Some(answer) = self.complete_answer(&entry, primary, Source::Cache) {
-            self.metrics.cache_hit();
+            self.metrics.cache.hit();
             return Ok(answer);
         }
-        self.metrics.cache_miss();
+        self.metrics.cache.miss();
         loop {
             if entry.too_large.load(Ordering::Acquire) {
                 return Err(self.too_large());
@@ -351,7 +344,8 @@ impl<S: StoreReads> ViewCache<S> {
     pub async fn report_size(&self) {
         self.cache.run_pending_tasks().await;
         self.metrics
-            .cache_size(self.cache.entry_count(), self.cache.weighted_size());
+            .cache
+            .size(self.cache.entry_count(), self.cache.weighted_size());
         self.report_freshness();
     }
 
@@ -386,7 +380,7 @@ impl<S: StoreReads> ViewCache<S> {
             return Some(answer);
         }
         if view.downgrade_if_stale(epoch) {
-            self.metrics.views_downgraded(1);
+            self.metrics.cache.views_downgraded(1);
         }
         None
     }
@@ -416,7 +410,7 @@ impl<S: StoreReads> ViewCache<S> {
                     .duration_since(at)
                     .unwrap_or_default()
             });
-        self.metrics.covered_through_age(age);
+        self.metrics.cache.covered_through_age(age);
     }
 
     /// The thread's current entry, created if the cache holds none.
@@ -478,7 +472,7 @@ impl<S: StoreReads> ViewCache<S> {
         }
         *entry.lock_view(&self.metrics) = ThreadView::new();
         entry.forget_rendering();
-        self.metrics.thread_limit_exceeded(path.label());
+        self.metrics.cache.thread_limit_exceeded(path);
         if path == LimitPath::Live {
             tracing::warn!(
                 thread_id = &*entry.thread_id,

@@ -92,7 +92,7 @@ impl<S: StoreReads> ViewCache<S> {
         let checks = &self.checks;
         match checks.sampler.admit(&entry.thread_id, Instant::now()) {
             Admission::Skipped => {}
-            Admission::Dropped => self.metrics.shadow_dropped(),
+            Admission::Dropped => self.metrics.shadow.dropped(),
             Admission::Admitted => {
                 let mut snapshot = Snapshot::of(&entry.thread_id, SystemTime::now(), view.events());
                 snapshot.covered_through = covered_through;
@@ -124,11 +124,11 @@ impl<S: StoreReads> ViewCache<S> {
                         }
                     }
                     self.record(&snapshot.thread_id, verdict, &comparison);
-                    self.metrics.shadow_check_delay(mark.at.elapsed());
+                    self.metrics.shadow.check_delay(mark.at.elapsed());
                 }
                 Err(error) => {
                     tracing::debug!(thread_id = &*snapshot.thread_id, %error, "a shadow check could not read the store");
-                    self.metrics.shadow_check(Verdict::Error.label());
+                    self.metrics.shadow.check(Verdict::Error);
                 }
             }
         }
@@ -210,22 +210,22 @@ impl<S: StoreReads> ViewCache<S> {
         };
         let healed = entry.lock_view(&self.metrics).downgrade();
         if healed {
-            self.metrics.shadow_heal();
-            self.metrics.views_downgraded(1);
+            self.metrics.shadow.heal();
+            self.metrics.cache.views_downgraded(1);
         }
         healed
     }
 
     /// Counts a check and its events, and warns (metadata only, rate-limited) about a failure.
     fn record(&self, thread_id: &str, verdict: Verdict, comparison: &Comparison) {
-        self.metrics.shadow_check(verdict.label());
+        self.metrics.shadow.check(verdict);
         for finding in Finding::ALL {
             let label = if verdict == Verdict::Window && finding.is_failure() {
                 Verdict::Window.label()
             } else {
                 finding.label()
             };
-            self.metrics.shadow_events(label, comparison.count(finding));
+            self.metrics.shadow.events(label, comparison.count(finding));
         }
         if verdict.is_failure() && self.checks.warnings.allow() {
             let events: Vec<String> = comparison

@@ -13,10 +13,10 @@ use axum::response::{IntoResponse, Response};
 use md5::{Digest, Md5};
 use serde::Deserialize;
 
+use super::metrics::ReadRoute;
 use super::{ApiError, AppState, FORWARDED_HEADER};
 use crate::cache::{Answer, Form, HistoryBody, Source};
 use crate::freshness;
-use crate::metrics::ReadRoute;
 use crate::project::Identity;
 
 /// The response header saying where a history came from: `cache` or `store`.
@@ -190,7 +190,7 @@ pub async fn read<F: Form>(
             state.views.read_uncached::<F>(thread, primary).await
         }
         .map_err(|error| ApiError::from_read(error, thread))?;
-        state.metrics.read(answer.source.label(), started.elapsed());
+        state.metrics.http.read(answer.source, started.elapsed());
         Ok::<_, ApiError>(answer)
     };
     let Some(wait) = wait else {
@@ -329,7 +329,7 @@ pub(super) fn route(state: &AppState, thread_id: &str, headers: &HeaderMap) -> R
         Some(_) if headers.contains_key(FORWARDED_HEADER) => Route::Store,
         Some(owner) => return Route::Owner(owner),
     };
-    state.metrics.read_route(match route {
+    state.metrics.http.read_route(match route {
         Route::Local => ReadRoute::Local,
         _ => ReadRoute::Loop,
     });
@@ -360,11 +360,11 @@ pub(super) fn passed_back(
 ) -> Option<Response> {
     match forwarded {
         Ok(response) => {
-            state.metrics.read_route(ReadRoute::Forwarded);
+            state.metrics.http.read_route(ReadRoute::Forwarded);
             Some(response)
         }
         Err(error) => {
-            state.metrics.read_route(ReadRoute::OwnerUnreachable);
+            state.metrics.http.read_route(ReadRoute::OwnerUnreachable);
             if state
                 .peers
                 .as_ref()
