@@ -27,7 +27,9 @@
 //! - [`http`]: the read API, health, readiness, metrics and the OpenAPI document.
 //! - [`config`]: every component's settings group (each declared beside its code, with its help heading) flattened
 //!   into one command; [`setting`]: the value parsers they share (durations with units, byte sizes).
-//! - [`telemetry`], [`metrics`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
+//! - [`metrics`]: the registry and the handle bundling every component's metric set (each registered beside its
+//!   code, with its outcome enums); the pinned names and the help-text test.
+//! - [`telemetry`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
 
 pub mod cache;
 pub mod catch_up;
