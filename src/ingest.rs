@@ -4,16 +4,19 @@
 //! One loop per source applies the events, so no thread's cost may grow with the thread: inserting into a view is
 //! amortised O(1) whatever the order and repetition of its events ([`crate::view`]), and an event for a view that
 //! a read is rendering waits beside the view instead of blocking the loop ([`ViewCache::apply`]).
+//!
+//! What became of each message and how late it came are this path's metrics ([`IngestMetrics`], at the end).
 
 use std::sync::Arc;
 
 use async_nats::Message;
+use prometheus::{Histogram, IntCounter};
 
 use crate::cache::ViewCache;
 use crate::coverage::Coverage;
 use crate::decode::{Decoded, decode_payload};
 use crate::freshness::Freshness;
-use crate::metrics::{EventOutcome, Metrics};
+use crate::metrics::{Metrics, Registrar};
 use crate::readiness::Readiness;
 use crate::source::Sink;
 use crate::subject::DeliveryKey;
@@ -66,7 +69,7 @@ impl Ingest {
     /// One event by its display-event subject and payload.
     pub async fn handle_event(&self, subject: &str, payload: &[u8]) {
         if let Some(outcome) = self.apply(subject, payload).await {
-            self.metrics.event(outcome);
+            self.metrics.ingest.event(outcome);
         }
     }
 
@@ -101,7 +104,7 @@ impl Ingest {
             Ok(Decoded::Irrelevant) => EventOutcome::Irrelevant,
             Ok(Decoded::Event(event)) => {
                 if let Ok(created_at) = event.created_at {
-                    self.metrics.ingest_lag(created_at);
+                    self.metrics.ingest.lag(created_at);
                 }
                 match self.views.apply(event).await {
                     Some(Inserted::Added) => EventOutcome::Relevant,
@@ -117,5 +120,93 @@ impl Ingest {
 impl Sink for Ingest {
     async fn apply(&self, subject: &str, payload: &[u8]) {
         self.handle_event(subject, payload).await;
+    }
+}
+
+/// What became of one message received from NATS (the `outcome` of `history_view_events_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventOutcome {
+    /// Decoded and added to its thread's view.
+    Relevant,
+    /// Outside the projectable families (or not a display event): dropped after reading its parents.
+    Irrelevant,
+    /// Its delivery key was already held.
+    Duplicate,
+    /// The payload could not be read at all.
+    Malformed,
+    /// The subject is not a 9-token display-event subject (or not UTF-8).
+    BadSubject,
+}
+
+impl EventOutcome {
+    /// Every outcome, in declaration order (the order of [`IngestMetrics::events`]).
+    const ALL: [EventOutcome; 5] = [
+        EventOutcome::Relevant,
+        EventOutcome::Irrelevant,
+        EventOutcome::Duplicate,
+        EventOutcome::Malformed,
+        EventOutcome::BadSubject,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            EventOutcome::Relevant => "relevant",
+            EventOutcome::Irrelevant => "irrelevant",
+            EventOutcome::Duplicate => "duplicate",
+            EventOutcome::Malformed => "malformed",
+            EventOutcome::BadSubject => "bad_subject",
+        }
+    }
+}
+
+/// Ingest lag buckets, in seconds: from a local publisher to a backlog of minutes.
+const LAG_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
+
+/// The ingest path's metrics: what became of each message, and how late it arrived. Counted here, by the view's
+/// holder for an event that waited beside its view ([`crate::cache`]), and by the Core loop for subjects the
+/// client skipped ([`crate::source`]).
+pub struct IngestMetrics {
+    /// `history_view_events_total` resolved per outcome once, so counting an event is one atomic add.
+    events: [IntCounter; EventOutcome::ALL.len()],
+    lag_seconds: Histogram,
+}
+
+impl IngestMetrics {
+    pub fn register(registrar: &mut Registrar) -> Self {
+        let events = registrar.counter_vec(
+            "history_view_events_total",
+            "Display-event messages received from NATS (Core or JetStream), by outcome: relevant (decoded and added \
+             to its thread's view), irrelevant (outside the projectable families, or not a display event: dropped \
+             after reading its head), duplicate (its delivery key already held), malformed (its payload cannot be \
+             read), bad_subject (not a 9-token display-event subject, or not UTF-8).",
+            &["outcome"],
+        );
+        Self {
+            events: EventOutcome::ALL.map(|outcome| events.with_label_values(&[outcome.label()])),
+            lag_seconds: registrar.histogram(
+                "history_view_ingest_lag_seconds",
+                "Seconds from a display event's created_at to its receipt here, per event of the projectable \
+                 families decoded (a receipt before created_at, by clock skew, counts as 0).",
+                LAG_BUCKETS,
+            ),
+        }
+    }
+
+    pub fn event(&self, outcome: EventOutcome) {
+        self.events[outcome as usize].inc();
+    }
+
+    pub fn events(&self, outcome: EventOutcome, n: u64) {
+        self.events[outcome as usize].inc_by(n);
+    }
+
+    /// Records how long after its `created_at` (ns since the epoch) an event was received.
+    pub fn lag(&self, created_at_ns: i64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        // Test fixtures and clock skew give lags below zero or absurdly large; both are clamped rather than dropped.
+        let lag = (now.saturating_sub(created_at_ns)).max(0) as f64 / 1e9;
+        self.lag_seconds.observe(lag);
     }
 }

@@ -25,7 +25,11 @@
 //!   metadata (`GET /v1/threads/{id}/history/explain`, and the inspector page over it).
 //! - [`shadow`]: the shadow checks' rules: what a sampled read held, compared with the store (run by [`cache`]).
 //! - [`http`]: the read API, health, readiness, metrics and the OpenAPI document.
-//! - [`config`] (with [`setting`], the value types components share with it), [`telemetry`], [`metrics`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
+//! - [`config`]: every component's settings group (each declared beside its code, with its help heading) flattened
+//!   into one command; [`setting`]: the value parsers they share (durations with units, byte sizes).
+//! - [`metrics`]: the registry and the handle bundling every component's metric set (each registered beside its
+//!   code, with its outcome enums); the pinned names and the help-text test.
+//! - [`telemetry`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
 
 pub mod cache;
 pub mod catch_up;

@@ -16,7 +16,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::load();
-    telemetry::init(config.log_format, std::io::stdout);
+    telemetry::init(config.log.format, std::io::stdout);
     let result = async {
         let application = Application::build(config).await?;
         application.run_until_stopped(shutdown::signal()).await

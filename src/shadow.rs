@@ -20,22 +20,48 @@ use crate::decode::ViewEvent;
 use crate::freshness::millis;
 use crate::subject::DeliveryKey;
 
-/// What the shadow checks are configured with.
-#[derive(Debug, Clone)]
+/// What the shadow checks are configured with (help heading "Shadow checks"). A check runs the persister-lag bound
+/// after its read and its store query is bounded by the store timeout ([`crate::bounds::Bounds`]).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Shadow checks")]
+#[deny(missing_docs)]
 pub struct ShadowSettings {
-    /// `HISTORY_VIEW_SHADOW_SAMPLE`: the fraction of reads from memory checked (0: none).
+    /// The fraction of reads answered from memory (0 to 1; 0 turns it off) whose view is compared with the store
+    /// once the persister-lag bound has passed since the read (a shadow check): a row the view lacks is
+    /// counted, logged with metadata only, and healed (the view's next read hydrates).
+    #[arg(id = "shadow_sample", value_name = "SHADOW_SAMPLE", long = "shadow-sample", env = "HISTORY_VIEW_SHADOW_SAMPLE", default_value = "0.01", value_parser = fraction)]
     pub sample: f64,
-    /// `HISTORY_VIEW_SHADOW_MAX_PER_SEC`: most checks admitted per second.
+
+    /// Most shadow checks started per second, 1 to 10000; a sampled read beyond it is dropped and counted, never
+    /// queued.
+    #[arg(id = "shadow_max_per_sec", value_name = "SHADOW_MAX_PER_SEC", long = "shadow-max-per-sec", env = "HISTORY_VIEW_SHADOW_MAX_PER_SEC", default_value = "5", value_parser = rate)]
     pub max_per_sec: u32,
-    /// `HISTORY_VIEW_SHADOW_CLOCK_MARGIN_MS`: how far the persister host's clock may be off the worker's.
+
+    /// Milliseconds (or a duration with a unit) a stored row's _id time (the persister host's clock, whole seconds)
+    /// may be off the worker's clock: a row counts as surely stored before a read only if its _id time plus a second
+    /// plus this margin is before the read; rows inside the band are uncertain, never a failure. 0 to 60000.
+    #[arg(id = "shadow_clock_margin_ms", value_name = "SHADOW_CLOCK_MARGIN_MS", long = "shadow-clock-margin-ms", env = "HISTORY_VIEW_SHADOW_CLOCK_MARGIN_MS", default_value = "1000", value_parser = clock_margin)]
     pub clock_margin: Duration,
-    /// `HISTORY_VIEW_PERSIST_LAG_MS`: a check runs this long after its read.
-    pub persist_lag: Duration,
-    /// How long after a read a gap may still be noticed (three NATS ping intervals): a failure is judged only once
-    /// it is known whether a gap followed the read.
-    pub window: Duration,
-    /// `HISTORY_VIEW_STORE_TIMEOUT_MS`: a check's store query's bound.
-    pub store_timeout: Duration,
+}
+
+/// A fraction from 0 to 1 (a decimal number).
+fn fraction(value: &str) -> Result<f64, String> {
+    match value.trim().parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        Ok(_) => Err("must be between 0 and 1".into()),
+        Err(e) => Err(format!("must be a decimal number from 0 to 1: {e}")),
+    }
+}
+
+/// Checks per second: 1 to 10000.
+fn rate(value: &str) -> Result<u32, String> {
+    crate::setting::count(value, 10_000).map(|n| n as u32)
+}
+
+/// A clock margin: 0 to a minute.
+fn clock_margin(value: &str) -> Result<Duration, String> {
+    use crate::setting::{Unit, duration};
+    duration(value, Unit::Millis, Duration::ZERO, Duration::from_secs(60))
 }
 
 impl ShadowSettings {

@@ -11,7 +11,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cache::ViewCache;
+use crate::cache::{CacheSetup, ViewCache};
 use crate::config::{Config, Source};
 use crate::coverage::Coverage;
 use crate::freshness::Freshness;
@@ -67,11 +67,12 @@ impl Application {
     /// A setting the clients reject, or the listen address cannot be bound.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let metrics = Metrics::new();
-        let coverage = Coverage::new(config.persist_lag);
+        let coverage = Coverage::new(config.bounds.persist_lag);
         let readiness = Readiness::new(coverage.clone());
         let store = Store::connect(
-            config.mongodb_uri.expose(),
-            config.store_settings(),
+            &config.store,
+            config.bounds,
+            config.shadow.enabled(),
             metrics.clone(),
             coverage.clone(),
         )
@@ -83,38 +84,43 @@ impl Application {
             metrics.clone(),
             coverage.clone(),
             freshness.clone(),
-            config.cache_settings(),
+            CacheSetup {
+                settings: config.cache.clone(),
+                shadow: config.shadow.clone(),
+                bounds: config.bounds,
+                gap_window: config.nats.gap_window(),
+            },
         );
 
         let (events_tx, connection_events) = core::connection_events();
         let callback_coverage = coverage.clone();
-        let source = config.source;
+        let source = config.nats.source;
         let nats = async_nats::ConnectOptions::new()
             .name("chat-history-view")
             .retry_on_initial_connect()
-            .subscription_capacity(config.nats_subscription_capacity)
+            .subscription_capacity(config.nats.subscription_capacity)
             // The default (60 s) left a frozen server or a half-open link unnoticed for about three minutes.
-            .ping_interval(config.nats_ping_interval)
+            .ping_interval(config.nats.ping_interval)
             .event_callback(move |event| {
                 core::on_connection_event(&callback_coverage, source, &events_tx, event);
                 std::future::ready(())
             })
-            .connect(config.nats_url.expose())
+            .connect(config.nats.url.expose())
             .await
             .with_context(|| {
                 format!(
                     "cannot connect to NATS at {} (--nats-url)",
-                    config.nats_url_for_display()
+                    config.nats.url_for_display()
                 )
             })?;
-        let core = match config.source {
+        let core = match config.nats.source {
             Source::Core => {
-                let subscriber =
-                    nats.subscribe(config.subject.clone())
-                        .await
-                        .with_context(|| {
-                            format!("cannot subscribe to {} (--subject)", config.subject)
-                        })?;
+                let subscriber = nats
+                    .subscribe(config.nats.subject.clone())
+                    .await
+                    .with_context(|| {
+                        format!("cannot subscribe to {} (--subject)", config.nats.subject)
+                    })?;
                 let probe = ProbeSubscription::new(&nats)
                     .await
                     .context("cannot subscribe to the subscription confirmation probe")?;
@@ -124,12 +130,12 @@ impl Application {
         };
         let witness = if config.witness() {
             Some(
-                nats.subscribe(config.subject.clone())
+                nats.subscribe(config.nats.subject.clone())
                     .await
                     .with_context(|| {
                         format!(
                             "cannot subscribe to {} (--subject) for the Core witness (HISTORY_VIEW_JETSTREAM_WITNESS)",
-                            config.subject
+                            config.nats.subject
                         )
                     })?,
             )
@@ -137,10 +143,10 @@ impl Application {
             None
         };
 
-        let listener = TcpListener::bind(config.listen)
+        let listener = TcpListener::bind(config.http.listen)
             .await
-            .with_context(|| format!("cannot listen on {} (--listen)", config.listen))?;
-        let probe_listener = match config.probe_listen {
+            .with_context(|| format!("cannot listen on {} (--listen)", config.http.listen))?;
+        let probe_listener = match config.http.probe_listen {
             Some(address) => Some(TcpListener::bind(address).await.with_context(|| {
                 format!("cannot listen on {address} (--probe-listen, HISTORY_VIEW_PROBE_LISTEN)")
             })?),
@@ -150,17 +156,20 @@ impl Application {
             views,
             metrics,
             readiness,
-            api_token: config.api_token.as_ref().map(TokenDigest::new),
-            inspector: config.inspector.enabled(config.api_token.is_some()),
-            reads: Arc::new(Semaphore::new(config.http_max_in_flight)),
-            waiting: Arc::new(Semaphore::new(config.http_max_waiting)),
-            streams: Arc::new(Semaphore::new(config.http_max_streams)),
+            api_token: config.http.api_token.as_ref().map(TokenDigest::new),
+            inspector: config
+                .http
+                .inspector
+                .enabled(config.http.api_token.is_some()),
+            reads: Arc::new(Semaphore::new(config.http.max_in_flight)),
+            waiting: Arc::new(Semaphore::new(config.http.max_waiting)),
+            streams: Arc::new(Semaphore::new(config.http.max_streams)),
             openapi: openapi_json()?,
-            peers: config.partitioning().map(|partitioning| {
+            peers: config.jetstream.partitioning().map(|partitioning| {
                 Peers::new(
                     partitioning,
-                    config.peer_url.clone().unwrap_or_default(),
-                    config.store_timeout,
+                    config.jetstream.peer_url.clone().unwrap_or_default(),
+                    config.bounds.store_timeout,
                 )
             }),
         };
@@ -247,7 +256,7 @@ impl Application {
                         coverage.clone(),
                         ingest.freshness().clone(),
                         state.metrics.clone(),
-                        config.partitioning(),
+                        config.jetstream.partitioning(),
                     );
                     tracker.spawn(witness.clone().run(subscriber, stop.clone()));
                     witness
@@ -256,14 +265,16 @@ impl Application {
                     coverage,
                     ingest.freshness().clone(),
                     state.metrics.clone(),
-                    Timing::for_lag(config.persist_lag),
+                    Timing::for_lag(config.bounds.persist_lag),
                     witness,
                 );
                 let source = JetStreamSource::new(
                     NatsApi::new(nats.clone()),
                     ingest,
                     events,
-                    config.jetstream_settings(),
+                    config
+                        .jetstream
+                        .settings(&config.nats.subject, config.bounds),
                 );
                 let stop = stop.clone();
                 tracker.spawn(source.run(stop))
@@ -276,7 +287,7 @@ impl Application {
             listener,
             router(state.clone()),
             reserve_router(state.clone()),
-            config.connection_limits(),
+            config.http.connection_limits(),
             state.metrics.clone(),
             connections.clone(),
             stop.clone(),
@@ -285,7 +296,7 @@ impl Application {
             // The probes' own listener: nothing but the probes and /metrics, so API clients cannot fill it.
             let limits = ConnectionLimits {
                 max_connections: RESERVED_CONNECTIONS,
-                ..config.connection_limits()
+                ..config.http.connection_limits()
             };
             tracker.spawn(accept_loop(
                 probe_listener,
@@ -297,7 +308,7 @@ impl Application {
                 stop.clone(),
             ));
         }
-        tracing::info!(address = %address, probe_address = ?config.probe_listen, subject = %config.subject, source = ?config.source, "chat-history-view started");
+        tracing::info!(address = %address, probe_address = ?config.http.probe_listen, subject = %config.nats.subject, source = ?config.nats.source, "chat-history-view started");
 
         let outcome = tokio::select! {
             () = shutdown => Ok(()),
@@ -312,11 +323,11 @@ impl Application {
             },
         };
 
-        tracing::info!(drain = ?config.shutdown_drain, "stopping: no new events or connections; draining");
+        tracing::info!(drain = ?config.http.shutdown_drain, "stopping: no new events or connections; draining");
         stop.cancel();
         state_views.stop_background();
         tracker.close();
-        let drained = tokio::time::timeout(config.shutdown_drain, async {
+        let drained = tokio::time::timeout(config.http.shutdown_drain, async {
             let _ = (&mut server_task).await;
             // Idle keep-alive connections close at once; the others after their request.
             connections.close();
@@ -325,7 +336,7 @@ impl Application {
         })
         .await;
         if drained.is_err() {
-            let in_flight = reads.reads_in_flight(config.http_max_in_flight);
+            let in_flight = reads.reads_in_flight(config.http.max_in_flight);
             if in_flight > 0 {
                 tracing::warn!(
                     reads_in_flight = in_flight,

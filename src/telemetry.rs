@@ -7,7 +7,31 @@ use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
-use crate::setting::LogFormat;
+/// How log lines are written (`HISTORY_VIEW_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Text,
+    Auto,
+}
+
+/// The logging settings (help heading "Logging").
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Logging")]
+#[deny(missing_docs)]
+pub struct LogSettings {
+    /// Log format: json, text, or auto (text on a terminal, json otherwise). Filtering follows RUST_LOG (default
+    /// info).
+    #[arg(
+        id = "log_format",
+        value_name = "LOG_FORMAT",
+        long = "log-format",
+        env = "HISTORY_VIEW_LOG_FORMAT",
+        default_value = "auto",
+        value_enum
+    )]
+    pub format: LogFormat,
+}
 
 /// Installs the global subscriber writing to `sink`. Returns false when one was installed already (tests build
 /// several applications in one process), which is not an error.

@@ -10,7 +10,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderValue, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use chat_history_view::cache::ViewCache;
+use chat_history_view::cache::{CacheSetup, ViewCache};
 use chat_history_view::config::Config;
 use chat_history_view::coverage::Coverage;
 use chat_history_view::http::SOURCE_HEADER;
@@ -79,11 +79,12 @@ async fn serve(
     stop: CancellationToken,
 ) {
     let metrics = Metrics::new();
-    let coverage = Coverage::new(config.persist_lag);
+    let coverage = Coverage::new(config.bounds.persist_lag);
     // The store is never asked: the client connects lazily.
     let store = Store::connect(
-        config.mongodb_uri.expose(),
-        config.store_settings(),
+        &config.store,
+        config.bounds,
+        config.shadow.enabled(),
         metrics.clone(),
         coverage.clone(),
     )
@@ -94,7 +95,12 @@ async fn serve(
         metrics.clone(),
         coverage.clone(),
         chat_history_view::freshness::Freshness::new(),
-        config.cache_settings(),
+        CacheSetup {
+            settings: config.cache.clone(),
+            shadow: config.shadow.clone(),
+            bounds: config.bounds,
+            gap_window: config.nats.gap_window(),
+        },
     );
     let state = AppState {
         views,
@@ -103,9 +109,9 @@ async fn serve(
         api_token: None,
         inspector: false,
         openapi: openapi_json().expect("the OpenAPI document"),
-        reads: Arc::new(tokio::sync::Semaphore::new(config.http_max_in_flight)),
-        waiting: Arc::new(tokio::sync::Semaphore::new(config.http_max_waiting)),
-        streams: Arc::new(tokio::sync::Semaphore::new(config.http_max_streams)),
+        reads: Arc::new(tokio::sync::Semaphore::new(config.http.max_in_flight)),
+        waiting: Arc::new(tokio::sync::Semaphore::new(config.http.max_waiting)),
+        streams: Arc::new(tokio::sync::Semaphore::new(config.http.max_streams)),
         peers: None,
     };
     let etag = HeaderValue::from_str(&etag).expect("an ETag header value");
@@ -130,7 +136,7 @@ async fn serve(
                 .into_response()
         }
     });
-    let listener = tokio::net::TcpListener::bind(config.listen)
+    let listener = tokio::net::TcpListener::bind(config.http.listen)
         .await
         .expect("the ceiling binds");
     address
@@ -140,7 +146,7 @@ async fn serve(
         listener,
         router_with(state.clone(), fixed),
         reserve_router(state),
-        config.connection_limits(),
+        config.http.connection_limits(),
         metrics,
         TaskTracker::new(),
         stop,

@@ -23,7 +23,8 @@ use super::render::{Answer, Form, Rendering, Source};
 use super::work::StoreSide;
 use crate::coverage::{self, Coverage, Stamp};
 use crate::decode::ViewEvent;
-use crate::metrics::{EventOutcome, Metrics};
+use crate::ingest::EventOutcome;
+use crate::metrics::Metrics;
 use crate::project::Identity;
 use crate::view::{Inserted, ThreadView};
 
@@ -121,7 +122,7 @@ impl<'a> ViewGuard<'a> {
                 Inserted::Added => EventOutcome::Relevant,
                 Inserted::Duplicate => EventOutcome::Duplicate,
             };
-            self.metrics.event(outcome);
+            self.metrics.ingest.event(outcome);
         }
     }
 }

@@ -5,13 +5,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 use super::entry::Entry;
+use super::metrics::FillOutcome;
 use super::work::{Outcome, Ticket};
 use super::{LimitPath, ViewCache};
 use crate::decode::ViewEvent;
-use crate::metrics::FillOutcome;
 use crate::store::{Bounds, StoreReads};
 use crate::view::ViewState;
 
@@ -38,7 +37,7 @@ impl<S: StoreReads> ViewCache<S> {
         if self.fills.try_send(FillRequest { entry, ticket }).is_err() {
             // The queue is full (or the service is stopping): no fill; the ticket is dropped with the request. The
             // view stays partial (a display is left uncovered), so the next read hydrates.
-            self.metrics.fill(FillOutcome::Error);
+            self.metrics.cache.fill(FillOutcome::Error);
         }
     }
 
@@ -102,7 +101,7 @@ impl<S: StoreReads> ViewCache<S> {
             .map(|(request, displays)| (&*request.entry.thread_id, displays.as_slice()))
             .collect();
         let bounds = Bounds {
-            deadline: Instant::now() + self.settings.store_timeout,
+            deadline: self.bounds.store_deadline(),
             budget: self.settings.max_thread_bytes.saturating_mul(wanted.len()),
         };
         let events = match self.store.fill_events(&wanted, bounds).await {
@@ -111,9 +110,9 @@ impl<S: StoreReads> ViewCache<S> {
                 tracing::warn!(views = work.len(), %error, "filling newly visible displays failed; their next reads hydrate");
                 for (request, _) in work {
                     if request.entry.lock_view(&self.metrics).downgrade() {
-                        self.metrics.views_downgraded(1);
+                        self.metrics.cache.views_downgraded(1);
                     }
-                    self.metrics.fill(FillOutcome::Error);
+                    self.metrics.cache.fill(FillOutcome::Error);
                     // Readers that waited for the fill fail with it rather than queue another store timeout.
                     self.finish_fill(request, Outcome::Failed);
                 }
@@ -141,7 +140,7 @@ impl<S: StoreReads> ViewCache<S> {
                     ViewState::Complete => FillOutcome::Complete,
                     ViewState::Partial => FillOutcome::Partial,
                 };
-                self.metrics.fill(outcome);
+                self.metrics.cache.fill(outcome);
                 self.reweigh(entry).await;
             }
             self.finish_fill(request, Outcome::LookAgain);

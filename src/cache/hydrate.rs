@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::entry::Entry;
+use super::metrics::RereadResult;
 use super::render::{Answer, Form, Rendering, Source};
 use super::work::{Begin, Outcome, Ticket};
 use super::{LimitPath, ReadError, ViewCache};
@@ -15,7 +16,6 @@ use crate::coverage::{Stamp, Verdict};
 use crate::decode::ViewEvent;
 use crate::explain::RowMeta;
 use crate::freshness;
-use crate::metrics::RereadResult;
 use crate::project::Identity;
 use crate::store::{Bounds, Hydration, Store, StoreError, StoreReads, VisibleDisplays};
 use crate::view::{ThreadView, ViewState, display_bytes};
@@ -51,11 +51,11 @@ impl<S: StoreReads> ViewCache<S> {
         entry: &Arc<Entry>,
         hydration: Hydration,
     ) -> Result<(), ReadError> {
-        let deadline = Instant::now() + self.settings.store_timeout;
+        let deadline = self.bounds.store_deadline();
         // Waiting for a slot counts against the read's store timeout.
         let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
         else {
-            self.metrics.hydration_slot_timeout();
+            self.metrics.cache.hydration_slot_timeout();
             return Err(ReadError::Busy);
         };
         let start = self.coverage.read_start_now(entry.bucket, entry.floor);
@@ -69,12 +69,12 @@ impl<S: StoreReads> ViewCache<S> {
                 if let StoreError::TooLarge { .. } = error {
                     self.leave_too_large(entry, LimitPath::Read).await;
                 }
-                self.metrics.hydration(false);
+                self.metrics.cache.hydration(false);
                 return Err(error.into());
             }
         };
         if visible.skipped_markers > 0 {
-            self.metrics.markers_skipped(visible.skipped_markers);
+            self.metrics.cache.markers_skipped(visible.skipped_markers);
             if !entry.skipped_markers_warned.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     thread_id = &*entry.thread_id,
@@ -107,7 +107,7 @@ impl<S: StoreReads> ViewCache<S> {
         if self.leave_if_too_large(entry, LimitPath::Read).await {
             return Err(self.too_large());
         }
-        self.metrics.hydration(true);
+        self.metrics.cache.hydration(true);
         if let Some(until) = deferred {
             self.schedule_reread(entry, until);
         }
@@ -128,10 +128,10 @@ impl<S: StoreReads> ViewCache<S> {
         thread_id: &str,
         primary: Option<&Identity>,
     ) -> Result<Answer<F>, ReadError> {
-        let deadline = Instant::now() + self.settings.store_timeout;
+        let deadline = self.bounds.store_deadline();
         let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
         else {
-            self.metrics.hydration_slot_timeout();
+            self.metrics.cache.hydration_slot_timeout();
             return Err(ReadError::Busy);
         };
         let covers_through = self.store_covers_through();
@@ -249,7 +249,7 @@ impl<S: StoreReads> ViewCache<S> {
                             ViewState::Partial => RereadResult::Partial,
                         },
                     };
-                    self.metrics.reread(result);
+                    self.metrics.cache.reread(result);
                     self.reweigh(entry).await;
                     return;
                 }
@@ -268,10 +268,10 @@ impl ViewCache<Store> {
     /// # Errors
     /// [`ReadError`] as for a hydration.
     pub async fn row_metadata(&self, thread_id: &str) -> Result<Vec<RowMeta>, ReadError> {
-        let deadline = Instant::now() + self.settings.store_timeout;
+        let deadline = self.bounds.store_deadline();
         let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
         else {
-            self.metrics.hydration_slot_timeout();
+            self.metrics.cache.hydration_slot_timeout();
             return Err(ReadError::Busy);
         };
         let bounds = Bounds {

@@ -12,9 +12,9 @@
 //! keeps the promise is argued once, in [design 2.1] and [design 2].
 //!
 //! One job a file: [`entry`] (an entry and its lock order), [`work`] (the store side's state machine),
-//! [`hydrate`] (hydrations and re-reads), [`fill`] (fills), [`render`] (answers); this file holds the public read
-//! API, the moka cache and the limits. The store is read through [`StoreReads`], so [`tests`] run every race here
-//! on an in-memory store and tokio's paused clock.
+//! [`hydrate`] (hydrations and re-reads), [`fill`] (fills), [`render`] (answers), [`metrics`] (the cache's and the
+//! shadow checks' metrics); this file holds the public read API, the moka cache and the limits. The store is read
+//! through [`StoreReads`], so [`tests`] run every race here on an in-memory store and tokio's paused clock.
 //!
 //! [design 2.1]: ../../docs/design.md#2.1
 //! [design 2]: ../../docs/design.md#2
@@ -24,7 +24,9 @@ mod etag;
 mod fill;
 mod hydrate;
 mod items;
+mod metrics;
 mod render;
+mod settings;
 mod shadow;
 #[cfg(test)]
 mod tests;
@@ -42,16 +44,19 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use items::{ItemId, Items};
+pub use metrics::{CacheMetrics, ShadowMetrics};
 pub use render::{Answer, Facts, Form, HistoryBody, Source, etag_of};
+pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use shadow::VerifyReport;
 pub use transcript::Transcript;
 
 use crate::coverage::Coverage;
 use crate::decode::ViewEvent;
 use crate::freshness::Freshness;
-use crate::metrics::{Labelled, Metrics};
+use crate::metrics::Metrics;
 use crate::project::Identity;
-use crate::shadow::{Finding, ShadowSettings, Verdict};
+use crate::shadow::ShadowSettings;
+use crate::store::StoreBounds;
 use crate::store::{Hydration, Store, StoreError, StoreReads};
 use crate::telemetry::RateLimit;
 use crate::view::{Inserted, ThreadView, ViewState};
@@ -62,21 +67,14 @@ use work::{Begin, Outcome};
 /// Fills waiting for a query; beyond it a fill is dropped and its view's next read hydrates.
 const FILL_QUEUE: usize = 1024;
 
-/// What the view cache is configured with.
+/// What the view cache is built with: its settings, the shadow checks', the shared bounds, and how long after a read
+/// a lost connection may still be noticed (a shadow check judges a failure only after it).
 #[derive(Debug, Clone)]
-pub struct CacheSettings {
-    /// `HISTORY_VIEW_CACHE_MAX_BYTES`: the byte budget of the views held.
-    pub max_bytes: u64,
-    /// `HISTORY_VIEW_CACHE_IDLE_SECS`: a view unused this long leaves.
-    pub idle: Duration,
-    /// `HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS`: store reads of whole threads at once.
-    pub concurrent_hydrations: usize,
-    /// `HISTORY_VIEW_STORE_TIMEOUT_MS`: how long a read may wait for the store, a hydration slot included.
-    pub store_timeout: Duration,
-    /// `HISTORY_VIEW_MAX_THREAD_BYTES`: most bytes of events one view or store read may hold.
-    pub max_thread_bytes: usize,
-    /// The shadow checks of reads answered from memory, and the persister-lag bound.
+pub struct CacheSetup {
+    pub settings: CacheSettings,
     pub shadow: ShadowSettings,
+    pub bounds: StoreBounds,
+    pub gap_window: Duration,
 }
 
 /// Why a read could not be answered (the view stays partial).
@@ -135,6 +133,8 @@ pub struct ViewCache<S = Store> {
     cache: Cache<String, Arc<Entry>, foldhash::quality::RandomState>,
     store: Arc<S>,
     settings: Arc<CacheSettings>,
+    /// The store timeout and the persister-lag bound.
+    bounds: StoreBounds,
     metrics: Metrics,
     /// Whether a store read may complete a view, and the epoch complete views are checked against.
     coverage: Coverage,
@@ -160,6 +160,7 @@ impl<S> Clone for ViewCache<S> {
             cache: self.cache.clone(),
             store: Arc::clone(&self.store),
             settings: Arc::clone(&self.settings),
+            bounds: self.bounds,
             metrics: self.metrics.clone(),
             coverage: self.coverage.clone(),
             stop: self.stop.clone(),
@@ -179,31 +180,29 @@ impl<S: StoreReads> ViewCache<S> {
         metrics: Metrics,
         coverage: Coverage,
         freshness: Freshness,
-        settings: CacheSettings,
+        setup: CacheSetup,
     ) -> Self {
+        let CacheSetup {
+            settings,
+            shadow,
+            bounds,
+            gap_window,
+        } = setup;
         let cache = Cache::builder()
             .max_capacity(settings.max_bytes)
             .weigher(|_thread: &String, entry: &Arc<Entry>| entry.charge())
             .time_to_idle(settings.idle)
             .build_with_hasher(foldhash::quality::RandomState::default());
         let (fills, requests) = mpsc::channel(FILL_QUEUE);
-        metrics.cache_budget(settings.max_bytes);
-        metrics.preset(Labelled::ReadSource, &Source::ALL.map(Source::label));
-        metrics.preset(
-            Labelled::ThreadLimitPath,
-            &LimitPath::ALL.map(LimitPath::label),
-        );
-        metrics.preset(Labelled::ShadowCheck, &Verdict::ALL.map(Verdict::label));
-        let mut findings = Finding::ALL.map(Finding::label).to_vec();
-        findings.push(Verdict::Window.label());
-        metrics.preset(Labelled::ShadowEvent, &findings);
+        metrics.cache.budget(settings.max_bytes);
         let views = Self {
             cache,
             store: Arc::new(store),
             hydration_slots: Arc::new(tokio::sync::Semaphore::new(settings.concurrent_hydrations)),
-            checks: Arc::new(shadow::Checks::new(settings.shadow.clone())),
+            checks: Arc::new(shadow::Checks::new(shadow, bounds, gap_window)),
             freshness,
             settings: Arc::new(settings),
+            bounds,
             metrics,
             coverage,
             stop: CancellationToken::new(),
@@ -253,14 +252,14 @@ impl<S: StoreReads> ViewCache<S> {
             // A resumed JetStream consumer has not delivered what its stream held yet: a complete view may lack it
             // for a moment. Wait for it, but within part of the read's time, then read the store.
             catch_up
-                .wait(Instant::now() + self.settings.store_timeout / 2)
+                .wait(Instant::now() + self.bounds.store_timeout / 2)
                 .await;
         }
         if let Some(answer) = self.complete_answer(&entry, primary, Source::Cache) {
-            self.metrics.cache_hit();
+            self.metrics.cache.hit();
             return Ok(answer);
         }
-        self.metrics.cache_miss();
+        self.metrics.cache.miss();
         loop {
             if entry.too_large.load(Ordering::Acquire) {
                 return Err(self.too_large());
@@ -341,7 +340,8 @@ impl<S: StoreReads> ViewCache<S> {
     pub async fn report_size(&self) {
         self.cache.run_pending_tasks().await;
         self.metrics
-            .cache_size(self.cache.entry_count(), self.cache.weighted_size());
+            .cache
+            .size(self.cache.entry_count(), self.cache.weighted_size());
         self.report_freshness();
     }
 
@@ -376,7 +376,7 @@ impl<S: StoreReads> ViewCache<S> {
             return Some(answer);
         }
         if view.downgrade_if_stale(epoch) {
-            self.metrics.views_downgraded(1);
+            self.metrics.cache.views_downgraded(1);
         }
         None
     }
@@ -392,7 +392,7 @@ impl<S: StoreReads> ViewCache<S> {
     /// Up to when a store read that starts now will cover a thread: now less the persister-lag bound.
     fn store_covers_through(&self) -> std::time::SystemTime {
         std::time::SystemTime::now()
-            .checked_sub(self.settings.shadow.persist_lag)
+            .checked_sub(self.bounds.persist_lag)
             .unwrap_or(std::time::UNIX_EPOCH)
     }
 
@@ -406,7 +406,7 @@ impl<S: StoreReads> ViewCache<S> {
                     .duration_since(at)
                     .unwrap_or_default()
             });
-        self.metrics.covered_through_age(age);
+        self.metrics.cache.covered_through_age(age);
     }
 
     /// The thread's current entry, created if the cache holds none.
@@ -468,7 +468,7 @@ impl<S: StoreReads> ViewCache<S> {
         }
         *entry.lock_view(&self.metrics) = ThreadView::new();
         entry.forget_rendering();
-        self.metrics.thread_limit_exceeded(path.label());
+        self.metrics.cache.thread_limit_exceeded(path);
         if path == LimitPath::Live {
             tracing::warn!(
                 thread_id = &*entry.thread_id,

@@ -282,7 +282,9 @@ impl Rendering {
                     self.rendered.remove(0);
                 }
                 let (projection, trace) = project();
-                metrics.malformed_warnings(log_new_warnings(&mut self.warned, &projection));
+                metrics
+                    .cache
+                    .malformed_warnings(log_new_warnings(&mut self.warned, &projection));
                 self.rendered.push(Rendered {
                     version,
                     primary: primary.cloned(),

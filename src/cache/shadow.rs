@@ -19,7 +19,7 @@ use crate::shadow::{
     Admission, Clocks, Comparison, Divergence, Finding, Sampler, ShadowSettings, Snapshot, Verdict,
     compare,
 };
-use crate::store::{Bounds, Hydration, StoreError, StoreReads};
+use crate::store::{Bounds, Hydration, StoreBounds, StoreError, StoreReads};
 use crate::telemetry::RateLimit;
 use crate::view::{ThreadView, ViewState};
 
@@ -31,16 +31,21 @@ const WINDOW_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 /// The checks' configuration, sampler and slots.
 pub struct Checks {
     settings: ShadowSettings,
+    bounds: StoreBounds,
+    /// How long after a read a lost connection may still be noticed.
+    window: std::time::Duration,
     sampler: Sampler,
     slots: Semaphore,
     warnings: RateLimit,
 }
 
 impl Checks {
-    pub fn new(settings: ShadowSettings) -> Self {
+    pub fn new(settings: ShadowSettings, bounds: StoreBounds, window: std::time::Duration) -> Self {
         Self {
             sampler: Sampler::new(settings.sample, settings.max_per_sec, Instant::now()),
             settings,
+            bounds,
+            window,
             slots: Semaphore::new(CHECKS_AT_ONCE),
             warnings: RateLimit::default(),
         }
@@ -48,7 +53,7 @@ impl Checks {
 
     fn clocks(&self) -> Clocks {
         Clocks {
-            persist_lag: self.settings.persist_lag,
+            persist_lag: self.bounds.persist_lag,
             margin: self.settings.clock_margin,
         }
     }
@@ -87,7 +92,7 @@ impl<S: StoreReads> ViewCache<S> {
         let checks = &self.checks;
         match checks.sampler.admit(&entry.thread_id, Instant::now()) {
             Admission::Skipped => {}
-            Admission::Dropped => self.metrics.shadow_dropped(),
+            Admission::Dropped => self.metrics.shadow.dropped(),
             Admission::Admitted => {
                 let mut snapshot = Snapshot::of(&entry.thread_id, SystemTime::now(), view.events());
                 snapshot.covered_through = covered_through;
@@ -102,7 +107,7 @@ impl<S: StoreReads> ViewCache<S> {
 
     /// Waits out the bound, then checks and counts; the thread may be sampled again afterwards.
     async fn scheduled_check(self, snapshot: Snapshot, mark: ReadMark) {
-        let due = mark.at + self.checks.settings.persist_lag;
+        let due = mark.at + self.checks.bounds.persist_lag;
         let stopped = tokio::select! {
             biased;
             () = self.stop.cancelled() => true,
@@ -119,11 +124,11 @@ impl<S: StoreReads> ViewCache<S> {
                         }
                     }
                     self.record(&snapshot.thread_id, verdict, &comparison);
-                    self.metrics.shadow_check_delay(mark.at.elapsed());
+                    self.metrics.shadow.check_delay(mark.at.elapsed());
                 }
                 Err(error) => {
                     tracing::debug!(thread_id = &*snapshot.thread_id, %error, "a shadow check could not read the store");
-                    self.metrics.shadow_check(Verdict::Error.label());
+                    self.metrics.shadow.check(Verdict::Error);
                 }
             }
         }
@@ -134,7 +139,7 @@ impl<S: StoreReads> ViewCache<S> {
     /// gap is recorded (yes), a freshness probe sent after the read came back with no gap since (no: the link was
     /// alive after the read), or the window has passed (no).
     async fn gap_followed(&self, snapshot: &Snapshot, mark: ReadMark) -> bool {
-        let until = mark.at + self.checks.settings.window;
+        let until = mark.at + self.checks.window;
         loop {
             if self.coverage.gaps() != mark.gaps {
                 return true;
@@ -157,7 +162,7 @@ impl<S: StoreReads> ViewCache<S> {
     /// The thread's two-stage query (on the checks' pool, within the store timeout) over the snapshot's visible
     /// displays and the store's, compared with the snapshot.
     async fn compare_with_store(&self, snapshot: &Snapshot) -> Result<Comparison, ReadError> {
-        let deadline = Instant::now() + self.checks.settings.store_timeout;
+        let deadline = self.checks.bounds.store_deadline();
         let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.checks.slots.acquire()).await
         else {
             return Err(ReadError::Busy);
@@ -205,22 +210,22 @@ impl<S: StoreReads> ViewCache<S> {
         };
         let healed = entry.lock_view(&self.metrics).downgrade();
         if healed {
-            self.metrics.shadow_heal();
-            self.metrics.views_downgraded(1);
+            self.metrics.shadow.heal();
+            self.metrics.cache.views_downgraded(1);
         }
         healed
     }
 
     /// Counts a check and its events, and warns (metadata only, rate-limited) about a failure.
     fn record(&self, thread_id: &str, verdict: Verdict, comparison: &Comparison) {
-        self.metrics.shadow_check(verdict.label());
+        self.metrics.shadow.check(verdict);
         for finding in Finding::ALL {
             let label = if verdict == Verdict::Window && finding.is_failure() {
                 Verdict::Window.label()
             } else {
                 finding.label()
             };
-            self.metrics.shadow_events(label, comparison.count(finding));
+            self.metrics.shadow.events(label, comparison.count(finding));
         }
         if verdict.is_failure() && self.checks.warnings.allow() {
             let events: Vec<String> = comparison

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{Answer, CacheSettings, HistoryBody, ReadError, Source, ViewCache};
+use super::{Answer, CacheSettings, CacheSetup, HistoryBody, ReadError, Source, ViewCache};
 use crate::coverage::{self, Coverage};
 use crate::decode::{Decoded, ViewEvent, decode_payload};
 use crate::freshness::Freshness;
 use crate::metrics::Metrics;
 use crate::shadow::{ShadowSettings, StoredRow};
-use crate::store::{Bounds, Hydration, StoreError, StoreReads, VisibleDisplays};
+use crate::store::{Bounds, Hydration, StoreBounds, StoreError, StoreReads, VisibleDisplays};
 use crate::subject::DeliveryKey;
 use crate::view::event_bytes;
 
@@ -270,27 +270,30 @@ impl Scene {
         let store = FakeStore::default();
         let coverage = Coverage::new(LAG);
         assert!(coverage.confirm_live(coverage.connection(), coverage.now()));
-        let settings = CacheSettings {
-            max_bytes: 64 << 20,
-            idle: Duration::from_secs(3_600),
-            concurrent_hydrations: 4,
-            store_timeout: Duration::from_secs(2),
-            max_thread_bytes,
+        let setup = CacheSetup {
+            settings: CacheSettings {
+                max_bytes: 64 << 20,
+                idle: Duration::from_secs(3_600),
+                concurrent_hydrations: 4,
+                max_thread_bytes,
+            },
             shadow: ShadowSettings {
                 sample,
                 max_per_sec: 1_000,
                 clock_margin: Duration::from_secs(1),
-                persist_lag: LAG,
-                window: Duration::from_secs(12),
-                store_timeout: Duration::from_secs(2),
             },
+            bounds: StoreBounds {
+                store_timeout: Duration::from_secs(2),
+                persist_lag: LAG,
+            },
+            gap_window: Duration::from_secs(12),
         };
         let views = ViewCache::new(
             store.clone(),
             Metrics::new(),
             coverage.clone(),
             Freshness::new(),
-            settings,
+            setup,
         );
         Self {
             views,

@@ -21,11 +21,12 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::HttpRefusal;
 use super::read::{Pace, STORE_REREAD_INTERVAL, Seen, ThreadRequest, next_change};
 use super::route::{Forward, Routed, route};
 use super::{ApiError, AppState};
 use crate::cache::{Answer, Source, Transcript};
-use crate::metrics::{FeedEvent, HttpRefusal, Metrics};
+use crate::metrics::Metrics;
 use crate::project::Identity;
 
 /// Changes that follow an event within this time are sent together, in one event, after it.
@@ -85,7 +86,7 @@ async fn open(
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let Ok(permit) = Arc::clone(&state.streams).try_acquire_owned() else {
-        state.metrics.http_refused(HttpRefusal::Streams);
+        state.metrics.http.refused(HttpRefusal::Streams);
         return Err(ApiError::Overloaded);
     };
     // The feed starts from a complete answer, like a read: an error here is the read's error.
@@ -149,7 +150,7 @@ async fn resume(
         Some(_) if answer.source == Source::Cache => FeedEvent::Update,
         _ => FeedEvent::Snapshot,
     };
-    state.metrics.feed_resume(outcome);
+    state.metrics.http.feed_resume(outcome);
     digests.filter(|_| outcome == FeedEvent::Update)
 }
 
@@ -241,7 +242,7 @@ impl Feed {
         } else {
             0
         };
-        self.metrics.feed_event(kind, coalesced);
+        self.metrics.http.feed_event(kind, coalesced);
         let body = match kind {
             FeedEvent::Snapshot => answer.body.snapshot(&self.thread),
             FeedEvent::Update => answer.body.update(from),
@@ -256,6 +257,27 @@ impl Feed {
     }
 }
 
+/// The kinds of a live feed's events (and of a resume's first event): the SSE event name, and the `kind` of
+/// `history_view_feed_events_total` and `outcome` of `history_view_feed_resumes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedEvent {
+    /// The whole answer.
+    Snapshot,
+    /// The messages from the first that changed.
+    Update,
+}
+
+impl FeedEvent {
+    pub const ALL: [FeedEvent; 2] = [FeedEvent::Snapshot, FeedEvent::Update];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FeedEvent::Snapshot => "snapshot",
+            FeedEvent::Update => "update",
+        }
+    }
+}
+
 /// A feed's permit and its place in `history_view_feed_streams`, both given back when the feed ends.
 struct StreamSlot {
     _permit: OwnedSemaphorePermit,
@@ -264,7 +286,7 @@ struct StreamSlot {
 
 impl StreamSlot {
     fn new(permit: OwnedSemaphorePermit, metrics: &Metrics) -> Self {
-        metrics.feed_streams(1);
+        metrics.http.feed_streams(1);
         Self {
             _permit: permit,
             metrics: metrics.clone(),
@@ -274,7 +296,7 @@ impl StreamSlot {
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.metrics.feed_streams(-1);
+        self.metrics.http.feed_streams(-1);
     }
 }
 

@@ -1,17 +1,19 @@
 //! The HTTP API ([design section 3](../../docs/design.md#3)): `router(state)` and the shared `AppState`. Handlers are
 //! thin: extract a [`read::ThreadRequest`], call one function, map the result. The read they share (the request's
 //! checks, the read itself, the wait for a run or a change, the answer's headers) is [`read`]; routing among
-//! partitioned workers is [`route`].
+//! partitioned workers is [`route`]. The HTTP side's metrics are in `metrics.rs` ([`HttpMetrics`]).
 
 mod conversations;
 mod error;
 mod explain;
 mod feed;
 mod history;
+mod metrics;
 mod operations;
 mod read;
 mod route;
 mod serve;
+mod settings;
 
 use std::sync::Arc;
 
@@ -26,14 +28,17 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
 pub use error::ApiError;
+pub use metrics::HttpMetrics;
 pub use read::{COVERED_THROUGH_HEADER, SOURCE_HEADER, ThreadId, canonical_object_id};
 pub use route::{FORWARDED_HEADER, Peers};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
+pub use settings::{HttpSettings, Inspector};
 
 use crate::cache::ViewCache;
-use crate::metrics::{HttpRefusal, Metrics};
+use crate::metrics::Metrics;
 use crate::readiness::Readiness;
 use crate::setting::Secret;
+use metrics::HttpRefusal;
 
 /// What every handler may use. Cloning is cheap.
 #[derive(Clone)]
@@ -150,7 +155,7 @@ async fn count_errors(State(state): State<AppState>, request: Request, next: Nex
     let response = next.run(request).await;
     let status = response.status();
     if !(status.is_success() || status == axum::http::StatusCode::NOT_MODIFIED) {
-        state.metrics.read_error(status.as_u16());
+        state.metrics.http.read_error(status.as_u16());
     }
     response
 }
@@ -165,14 +170,14 @@ async fn limit_in_flight(
 ) -> Result<Response, ApiError> {
     if read::waits_for_run(request.uri()) {
         let Ok(_waiting) = state.waiting.try_acquire() else {
-            state.metrics.http_refused(HttpRefusal::Waiting);
+            state.metrics.http.refused(HttpRefusal::Waiting);
             return Err(ApiError::Overloaded);
         };
         let _counted = WaitingRead::new(&state.metrics);
         return Ok(next.run(request).await);
     }
     let Ok(_permit) = state.reads.try_acquire() else {
-        state.metrics.http_refused(HttpRefusal::InFlight);
+        state.metrics.http.refused(HttpRefusal::InFlight);
         return Err(ApiError::Overloaded);
     };
     Ok(next.run(request).await)
@@ -184,14 +189,14 @@ struct WaitingRead<'a>(&'a Metrics);
 
 impl<'a> WaitingRead<'a> {
     fn new(metrics: &'a Metrics) -> Self {
-        metrics.waiting_reads(1);
+        metrics.http.waiting_reads(1);
         Self(metrics)
     }
 }
 
 impl Drop for WaitingRead<'_> {
     fn drop(&mut self) {
-        self.0.waiting_reads(-1);
+        self.0.http.waiting_reads(-1);
     }
 }
 

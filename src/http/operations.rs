@@ -33,7 +33,7 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     state.views.report_size().await;
     let readiness = &state.readiness;
-    state.metrics.readiness(
+    state.metrics.http.readiness(
         readiness.nats().ok,
         readiness.store().ok,
         readiness.nats_connected(),

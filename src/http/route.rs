@@ -17,7 +17,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::AppState;
 use super::error::chain;
-use crate::metrics::ReadRoute;
+use super::metrics::ReadRoute;
 use crate::partition::Partitioning;
 use crate::telemetry::RateLimit;
 
@@ -102,11 +102,11 @@ pub(super) async fn route(
     };
     let partition = match peers.owner_elsewhere(thread) {
         None => {
-            state.metrics.read_route(ReadRoute::Local);
+            state.metrics.http.read_route(ReadRoute::Local);
             return Routed::Local;
         }
         Some(_) if headers.contains_key(FORWARDED_HEADER) => {
-            state.metrics.read_route(ReadRoute::Loop);
+            state.metrics.http.read_route(ReadRoute::Loop);
             return Routed::NotOwned;
         }
         Some(owner) => owner,
@@ -126,11 +126,11 @@ pub(super) async fn route(
     };
     match forwarded {
         Ok(response) => {
-            state.metrics.read_route(ReadRoute::Forwarded);
+            state.metrics.http.read_route(ReadRoute::Forwarded);
             Routed::Forwarded(response)
         }
         Err(error) => {
-            state.metrics.read_route(ReadRoute::OwnerUnreachable);
+            state.metrics.http.read_route(ReadRoute::OwnerUnreachable);
             if peers.warnings.allow() {
                 tracing::warn!(partition, %error, "the owner of a thread did not answer a forwarded request (a read is answered from the store, a feed or verify 503)");
             }

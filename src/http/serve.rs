@@ -23,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_service::Service;
 
-use crate::metrics::{HttpRefusal, HttpTimeout, Metrics};
+use super::metrics::{HttpRefusal, HttpTimeout};
+use crate::metrics::Metrics;
 
 /// Connections beyond the cap that are still accepted, to answer the probes and `/metrics` only.
 pub const RESERVED_CONNECTIONS: usize = 16;
@@ -72,10 +73,10 @@ pub async fn accept_loop(
         let (router, slot) = if let Ok(slot) = Arc::clone(&api_slots).try_acquire_owned() {
             (api.clone(), slot)
         } else if let Ok(slot) = Arc::clone(&reserve_slots).try_acquire_owned() {
-            metrics.http_refused(HttpRefusal::Connections);
+            metrics.http.refused(HttpRefusal::Connections);
             (reserve.clone(), slot)
         } else {
-            metrics.http_refused(HttpRefusal::Connections);
+            metrics.http.refused(HttpRefusal::Connections);
             drop(stream);
             continue;
         };
@@ -130,7 +131,7 @@ async fn serve_connection(
         .keep_alive(true)
         .serve_connection(io, service);
     tokio::pin!(connection);
-    metrics.http_connection_opened();
+    metrics.http.connection_opened();
     let mut stopping = false;
     loop {
         let deadline = activity.lock().deadline(&limits);
@@ -146,13 +147,13 @@ async fn serve_connection(
             () = tokio::time::sleep_until(deadline.at) => {
                 if activity.lock().deadline(&limits).at <= Instant::now() {
                     // Dropping the connection closes the socket.
-                    metrics.http_timeout(deadline.kind);
+                    metrics.http.timeout(deadline.kind);
                     break;
                 }
             }
         }
     }
-    metrics.http_connection_closed();
+    metrics.http.connection_closed();
 }
 
 /// What a connection is doing, as its watchdog sees it.

@@ -14,9 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coverage::Coverage;
 use crate::freshness;
-use crate::ingest::Ingest;
-use crate::metrics::{EventOutcome, Labelled};
-use crate::setting::Source;
+use crate::ingest::{EventOutcome, Ingest};
+use crate::source::Source;
 
 /// Most messages still buffered in the subscription that are applied after a stop request; the rest are left
 /// (the views are dropped with the process anyway).
@@ -116,8 +115,6 @@ impl Ingest {
         mut events: mpsc::Receiver<Event>,
         stop: CancellationToken,
     ) {
-        self.metrics
-            .preset(Labelled::NatsConnectionEvent, &CONNECTION_EVENTS);
         let (probe_subject, mut applied) = match probe {
             Some((subject, applied)) => (subject, Some(applied)),
             None => (String::new(), None),
@@ -197,6 +194,7 @@ impl Ingest {
             .load(Ordering::Relaxed);
         if total > before {
             self.metrics
+                .ingest
                 .events(EventOutcome::BadSubject, total - before);
             if self.bad_subject_log.allow() {
                 tracing::warn!(
@@ -215,8 +213,7 @@ impl Ingest {
             Event::Disconnected | Event::Closed => self.readiness.set_connected(false),
             _ => {}
         }
-        self.metrics
-            .nats_connection_event(connection_event_label(event));
+        self.metrics.source.nats_connection_event(event);
         tracing::info!(event = %event, possible_loss = is_gap(event), "NATS connection event");
         matches!(event, Event::Connected)
     }
@@ -291,31 +288,6 @@ struct SentProbe {
     at: std::time::Instant,
     /// When it was sent, on the wall clock (the covered-through instant it proves once answered).
     wall: SystemTime,
-}
-
-/// The `event` labels of `history_view_nats_connection_events_total`, one per [`Event`] variant.
-const CONNECTION_EVENTS: [&str; 8] = [
-    "connected",
-    "disconnected",
-    "closed",
-    "slow_consumer",
-    "server_error",
-    "client_error",
-    "lame_duck_mode",
-    "draining",
-];
-
-fn connection_event_label(event: &Event) -> &'static str {
-    match event {
-        Event::Connected => CONNECTION_EVENTS[0],
-        Event::Disconnected => CONNECTION_EVENTS[1],
-        Event::Closed => CONNECTION_EVENTS[2],
-        Event::SlowConsumer(_) => CONNECTION_EVENTS[3],
-        Event::ServerError(_) => CONNECTION_EVENTS[4],
-        Event::ClientError(_) => CONNECTION_EVENTS[5],
-        Event::LameDuckMode => CONNECTION_EVENTS[6],
-        Event::Draining => CONNECTION_EVENTS[7],
-    }
 }
 
 /// Whether a connection event means events may have been missed.

@@ -8,6 +8,8 @@
 //!   resume and retention rule; `api.rs` is the seam over the JetStream calls.
 //! - [`Tracker`]: the one place that turns what the sources report ([`SourceEvent`]) into coverage (gaps,
 //!   [`crate::coverage`]), catch-up ([`crate::catch_up`]) and freshness ([`crate::freshness`]).
+//! - `metrics.rs`: the source wing's metrics ([`SourceMetrics`]), recorded by the watcher, the tracker and the
+//!   witness.
 //!
 //! Events go through the same subject → decode → view path whatever the source ([`Sink`], [`crate::ingest`]).
 //! Every case of [design 2.1](../../docs/design.md#2.1)'s table is a gap, "behind" or fail-closed here.
@@ -17,20 +19,24 @@ use std::time::{Duration, SystemTime};
 
 use crate::coverage::Coverage;
 use crate::freshness::Freshness;
-use crate::metrics::{Labelled, Metrics, ResumeOutcome};
+use crate::metrics::Metrics;
 
 pub mod api;
 mod consumer;
 pub mod core;
 mod discovery;
+mod metrics;
 mod partitioned;
 mod rule;
+pub mod settings;
 #[cfg(test)]
 mod tests;
 pub mod witness;
 
 pub use crate::catch_up::{CatchUp, Lane};
 pub use discovery::{JetStreamSettings, JetStreamSource, filter_subjects, matches_pattern};
+pub use metrics::{ResumeOutcome, SourceMetrics};
+pub use settings::Source;
 pub use witness::Witness;
 
 /// Added to a moment read off the server's clock: the server's clock may run behind the worker's.
@@ -174,14 +180,7 @@ impl Tracker {
         witness: Option<Witness>,
     ) -> Self {
         // Every JetStream worker exports them at zero, the witness's results too (a panel sees 0, not nothing).
-        metrics.preset(
-            Labelled::JetStreamGapCause,
-            &GapCause::ALL.map(GapCause::label),
-        );
-        metrics.preset(
-            Labelled::WitnessResult,
-            &witness::WitnessOutcome::ALL.map(witness::WitnessOutcome::label),
-        );
+        metrics.source.preset_jetstream();
         Self {
             coverage,
             freshness,
@@ -221,7 +220,9 @@ impl Tracker {
                 pending,
                 published,
             } => {
-                self.metrics.jetstream_applied(stream, sequence, pending);
+                self.metrics
+                    .source
+                    .jetstream_applied(stream, sequence, pending);
                 if let Some(witness) = &self.witness {
                     witness.delivered(subject);
                 }
@@ -265,20 +266,24 @@ impl Tracker {
                     cause = cause.label(),
                     "an event of a consumed stream may be lost: a gap (every complete view hydrates again)"
                 );
-                self.metrics.jetstream_resume(ResumeOutcome::Gap);
-                self.metrics.jetstream_gap(cause.label());
+                self.metrics.source.jetstream_resume(ResumeOutcome::Gap);
+                self.metrics.source.jetstream_gap(cause);
                 let at = at.map_or_else(|| self.coverage.now(), |at| self.coverage.stamp_of(at));
                 self.coverage.gap(at);
             }
-            SourceEvent::Continued => self.metrics.jetstream_resume(ResumeOutcome::Continued),
+            SourceEvent::Continued => {
+                self.metrics
+                    .source
+                    .jetstream_resume(ResumeOutcome::Continued);
+            }
             SourceEvent::StreamAdded(stream) => {
                 self.freshness.track_stream(stream);
-                self.metrics.jetstream_streams(1);
+                self.metrics.source.jetstream_streams(1);
             }
             SourceEvent::StreamRemoved(stream) => {
                 self.freshness.forget_stream(stream);
                 self.catch_up().forget(&Lane::Stream(stream.to_owned()));
-                self.metrics.jetstream_streams(-1);
+                self.metrics.source.jetstream_streams(-1);
                 self.lanes_changed();
             }
         }
@@ -286,6 +291,7 @@ impl Tracker {
 
     fn lanes_changed(&self) {
         self.metrics
+            .source
             .jetstream_behind(!self.catch_up().lanes_caught_up());
     }
 }

@@ -115,7 +115,8 @@ impl Witness {
             drop(state);
             self.inner
                 .metrics
-                .witnessed(WitnessOutcome::Overflow.label(), 1);
+                .source
+                .witnessed(WitnessOutcome::Overflow, 1);
             self.inner.coverage.gap(self.inner.coverage.now());
             state = self.lock();
         }
@@ -164,7 +165,8 @@ impl Witness {
         }
         self.inner
             .metrics
-            .witnessed(WitnessOutcome::Delivered.label(), matched);
+            .source
+            .witnessed(WitnessOutcome::Delivered, matched);
         if !missing.is_empty() {
             let at = self.inner.coverage.now();
             for bucket in &missing {
@@ -172,7 +174,8 @@ impl Witness {
             }
             self.inner
                 .metrics
-                .witnessed(WitnessOutcome::Missing.label(), missing.len() as u64);
+                .source
+                .witnessed(WitnessOutcome::Missing, missing.len() as u64);
             tracing::warn!(
                 events = missing.len(),
                 "events seen on Core NATS reached no consumed stream: their threads hydrate again (no stream for their class, a full stream with discard new, or a stream without a working leader)"

@@ -9,17 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::StoreError;
-use crate::metrics::Metrics;
-
-/// The index hints of the store queries; `None` disables one.
-#[derive(Debug, Clone, Default)]
-pub struct IndexHints {
-    /// Named by both hydration stages (`thread_id_1_event_type_1_event_parents_1` in aihub's collection).
-    pub thread: Option<String>,
-    /// Named by fills, which read a few displays of one thread (`display_id_1` in aihub's collection).
-    pub display: Option<String>,
-}
+use super::{StoreError, StoreMetrics};
 
 /// How long a hinted index found missing is not named again: queries run unhinted meanwhile, then the hint is
 /// tried again (the index may have been built since).
@@ -65,7 +55,7 @@ impl IndexHint {
     /// `history_view_index_hint_fallbacks_total`, logged once per process).
     pub(super) async fn with_fallback<'a, T, F, Fut>(
         &'a self,
-        metrics: &Metrics,
+        metrics: &StoreMetrics,
         run: F,
     ) -> Result<T, StoreError>
     where
@@ -100,6 +90,7 @@ mod tests {
     use mongodb::error::{CommandError, Error as MongoError, ErrorKind};
 
     use super::*;
+    use crate::metrics::Metrics;
 
     fn missing_index() -> StoreError {
         let message = "hint provided does not correspond to an existing index";
@@ -127,7 +118,7 @@ mod tests {
             let hinted = name.is_some();
             async move { if hinted { Err(missing_index()) } else { Ok(7) } }
         };
-        assert_eq!(hint.with_fallback(&metrics, run).await.unwrap(), 7);
+        assert_eq!(hint.with_fallback(&metrics.store, run).await.unwrap(), 7);
         assert_eq!(
             *named.lock().unwrap(),
             [Some("thread_index".to_owned()), None]
@@ -154,7 +145,7 @@ mod tests {
         };
         let hinted = IndexHint::new(Some("thread_index".to_owned()));
         assert!(matches!(
-            hinted.with_fallback(&metrics, timeout).await,
+            hinted.with_fallback(&metrics.store, timeout).await,
             Err(StoreError::Timeout(_))
         ));
         assert_eq!(hinted.current(), Some("thread_index"));
@@ -164,7 +155,12 @@ mod tests {
             *runs.lock().unwrap() += 1;
             async { Err::<(), _>(missing_index()) }
         };
-        assert!(unhinted.with_fallback(&metrics, missing).await.is_err());
+        assert!(
+            unhinted
+                .with_fallback(&metrics.store, missing)
+                .await
+                .is_err()
+        );
         assert_eq!(*runs.lock().unwrap(), 2);
         assert_eq!(
             fallbacks(&metrics),

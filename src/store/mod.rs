@@ -13,12 +13,15 @@
 //! One job a file: this one holds the [`Store`] handle (its clients and connection pools, the outcome of each
 //! query, the `StoreReads` it implements); [`query`] what each query sends and how its rows are read; [`bounds`] a
 //! query's deadline (`maxTimeMS`) and byte budget; [`hint`] the index hints and their fallback; [`error`] the
-//! [`StoreError`] a query fails with and how a driver error is sorted into it.
+//! [`StoreError`] a query fails with and how a driver error is sorted into it; [`settings`] its settings and the
+//! bounds every component shares; [`metrics`] its metrics.
 
 mod bounds;
 mod error;
 mod hint;
+mod metrics;
 mod query;
+mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,13 +36,14 @@ use mongodb::{Client, Collection, Database};
 
 pub use bounds::Bounds;
 pub use error::StoreError;
-pub use hint::IndexHints;
+pub use metrics::StoreMetrics;
 pub use query::{events_filter, events_sort, fill_filter, markers_pipeline, projection};
+pub use settings::{DEFAULT_FILL_INDEX_HINT, DEFAULT_INDEX_HINT, StoreBounds, StoreSettings};
 
 use crate::coverage::Coverage;
 use crate::decode::ViewEvent;
 use crate::explain::RowMeta;
-use crate::metrics::{Labelled, Metrics};
+use crate::metrics::Metrics;
 use crate::shadow::StoredRow;
 use crate::telemetry::RateLimit;
 use hint::IndexHint;
@@ -186,9 +190,9 @@ struct Inner {
     thread_hint: IndexHint,
     /// The index a fill names.
     display_hint: IndexHint,
-    timeout: Duration,
-    /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
-    persist_lag: Duration,
+    /// The store timeout bounds a ping and connecting (a read's queries are bounded by its own deadline); rows
+    /// persisted later than the persister-lag bound after their `created_at` are warned about.
+    bounds: StoreBounds,
     /// Whether shadow checks run (their client is made with the others).
     shadow: bool,
     metrics: Metrics,
@@ -209,21 +213,6 @@ struct Clients {
     shadow_collection: Option<Collection<RawDocumentBuf>>,
 }
 
-/// What the store client is configured with.
-#[derive(Debug, Clone)]
-pub struct StoreSettings {
-    pub database: String,
-    pub collection: String,
-    pub hints: IndexHints,
-    /// Bound of a ping and of connecting (`HISTORY_VIEW_STORE_TIMEOUT_MS`); a read's queries are bounded by its
-    /// own deadline.
-    pub timeout: Duration,
-    /// `HISTORY_VIEW_PERSIST_LAG_MS`: rows persisted later than this after their `created_at` are warned about.
-    pub persist_lag: Duration,
-    /// Whether shadow checks run (they get a connection pool of their own).
-    pub shadow: bool,
-}
-
 impl Store {
     /// Prepares the store; it connects lazily, so a store that is down does not stop start-up (readiness shows
     /// it). A `mongodb+srv://` URI whose DNS records cannot be resolved now does not stop it either: the worker
@@ -232,40 +221,25 @@ impl Store {
     /// # Errors
     /// The URI cannot be parsed or names options the driver rejects.
     pub async fn connect(
-        uri: &str,
-        settings: StoreSettings,
+        settings: &StoreSettings,
+        bounds: StoreBounds,
+        shadow: bool,
         metrics: Metrics,
         coverage: Coverage,
     ) -> Result<Self, MongoError> {
-        let StoreSettings {
-            database,
-            collection,
-            hints,
-            timeout,
-            persist_lag,
-            shadow,
-        } = settings;
+        let uri = settings.uri.expose();
+        let timeout = bounds.store_timeout;
         // The syntax and the options are checked now, without DNS.
         ConnectionString::parse(uri)?;
-        metrics.preset(
-            Labelled::StoreQueryKind,
-            &QueryKind::ALL.map(QueryKind::label),
-        );
-        metrics.preset(
-            Labelled::StoreQueryStage,
-            &QueryKind::ALL.map(QueryKind::stage),
-        );
-        metrics.preset(Labelled::StoreErrorKind, &StoreError::KINDS);
         let store = Self {
             inner: Arc::new(Inner {
                 uri: uri.to_owned(),
-                database_name: database,
-                collection_name: collection,
+                database_name: settings.database.clone(),
+                collection_name: settings.collection.clone(),
                 clients: tokio::sync::OnceCell::new(),
-                thread_hint: IndexHint::new(hints.thread),
-                display_hint: IndexHint::new(hints.display),
-                timeout,
-                persist_lag,
+                thread_hint: IndexHint::new(settings.thread_hint().map(str::to_owned)),
+                display_hint: IndexHint::new(settings.display_hint().map(str::to_owned)),
+                bounds,
                 shadow,
                 metrics,
                 coverage,
@@ -305,8 +279,10 @@ impl Store {
                     .app_name
                     .get_or_insert_with(|| "chat-history-view".to_owned());
                 // A store that is down must fail a read within the read timeout, not the driver's 30 s default.
-                options.server_selection_timeout = Some(inner.timeout);
-                options.connect_timeout.get_or_insert(inner.timeout);
+                options.server_selection_timeout = Some(inner.bounds.store_timeout);
+                options
+                    .connect_timeout
+                    .get_or_insert(inner.bounds.store_timeout);
                 // Fills get a client (and so a connection pool) of their own: a fill holds up the reads of its
                 // thread, so it must not queue behind other threads' hydrations for a connection.
                 let mut fill_options = options.clone();
@@ -345,7 +321,7 @@ impl Store {
         deadline: Instant,
         query: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let timeout = self.inner.timeout;
+        let timeout = self.inner.bounds.store_timeout;
         let result = tokio::time::timeout_at(deadline, query)
             .await
             .unwrap_or(Err(StoreError::Timeout(timeout)));
@@ -357,7 +333,7 @@ impl Store {
                     coverage.store_failed();
                 }
                 if let Some(kind) = error.kind() {
-                    self.inner.metrics.store_error(kind);
+                    self.inner.metrics.store.error(kind);
                 }
             }
         }
@@ -365,9 +341,7 @@ impl Store {
     }
 
     fn record_query(&self, kind: QueryKind, elapsed: Duration) {
-        self.inner
-            .metrics
-            .store_query(kind.label(), kind.stage(), elapsed);
+        self.inner.metrics.store.query(kind, elapsed);
     }
 
     /// Answers whether the store responds to `ping` within the timeout.
@@ -375,7 +349,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] when it does not.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.bounded(Instant::now() + self.inner.timeout, async {
+        self.bounded(self.inner.bounds.store_deadline(), async {
             let clients = self.clients().await?;
             clients
                 .database
@@ -401,7 +375,7 @@ impl StoreReads for Store {
                 bounds.deadline,
                 self.inner
                     .thread_hint
-                    .with_fallback(&self.inner.metrics, |hint| {
+                    .with_fallback(&self.inner.metrics.store, |hint| {
                         self.find_displays(thread_id, hydration, hint, bounds)
                     }),
             )
@@ -479,7 +453,7 @@ impl Store {
                 let clients = self.clients().await?;
                 self.inner
                     .thread_hint
-                    .with_fallback(&self.inner.metrics, |hint| {
+                    .with_fallback(&self.inner.metrics.store, |hint| {
                         find_row_metadata(&clients.collection, thread_id, hint, bounds)
                     })
                     .await
@@ -543,7 +517,7 @@ impl Store {
             .bounded(bounds.deadline, async {
                 let clients = self.clients().await?;
                 let collection = clients.for_query(shadow, fill);
-                hint.with_fallback(&self.inner.metrics, |hint| {
+                hint.with_fallback(&self.inner.metrics.store, |hint| {
                     let sort = (!fill).then(events_sort);
                     self.find_events(collection, filter.clone(), sort, hint, bounds, keep)
                 })

@@ -62,8 +62,8 @@ async fn closed_after(stream: &mut TcpStream, since: Instant, limit: Duration) -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_and_idle_keep_alives_are_closed_by_their_timeouts_while_reads_go_on() {
     let app = spawn_app_with(|c| {
-        c.http_header_timeout = Duration::from_secs(1);
-        c.http_idle_timeout = Duration::from_secs(3);
+        c.http.header_timeout = Duration::from_secs(1);
+        c.http.idle_timeout = Duration::from_secs(3);
     })
     .await;
     app.store
@@ -121,9 +121,9 @@ async fn a_flood_up_to_the_connection_cap_leaves_the_probes_reachable() {
     const CAP: usize = 8;
     let probe_port = test_support::process::free_port();
     let app = spawn_app_with(|c| {
-        c.http_max_connections = CAP;
-        c.http_header_timeout = Duration::from_secs(2);
-        c.probe_listen = Some(format!("127.0.0.1:{probe_port}").parse().unwrap());
+        c.http.max_connections = CAP;
+        c.http.header_timeout = Duration::from_secs(2);
+        c.http.probe_listen = Some(format!("127.0.0.1:{probe_port}").parse().unwrap());
     })
     .await;
     let probes = Api::new(format!("http://127.0.0.1:{probe_port}"));
@@ -202,8 +202,8 @@ async fn reads_beyond_the_in_flight_cap_answer_503_at_once() {
     // The held read waits up to the store timeout: long enough that it still holds its permit on two loaded
     // cores (with 5 s, one full-suite run found it gone and the second read admitted).
     let app = spawn_app_with(|c| {
-        c.http_max_in_flight = 1;
-        c.store_timeout = Duration::from_secs(20);
+        c.http.max_in_flight = 1;
+        c.bounds.store_timeout = Duration::from_secs(20);
     })
     .await;
     // A frozen store holds the one read in flight.

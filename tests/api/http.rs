@@ -104,9 +104,10 @@ async fn bad_thread_ids_and_half_identities_are_400_with_json_errors() {
 
 #[tokio::test]
 async fn a_configured_token_is_required_on_the_read_api_only() {
-    let app =
-        spawn_app_with(|c| c.api_token = Some(chat_history_view::config::Secret::new("s3cret")))
-            .await;
+    let app = spawn_app_with(|c| {
+        c.http.api_token = Some(chat_history_view::config::Secret::new("s3cret"))
+    })
+    .await;
     let path = "/v1/threads/t1/history";
     for headers in [
         &[][..],

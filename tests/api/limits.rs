@@ -106,7 +106,7 @@ async fn reads_of_threads_past_the_limit_answer_507_in_bounded_memory_that_is_gi
 
 #[tokio::test]
 async fn a_live_view_that_outgrows_the_limit_leaves_the_cache_and_its_reads_answer_507() {
-    let app = spawn_app_with(|c| c.max_thread_bytes = 1 << 20).await;
+    let app = spawn_app_with(|c| c.cache.max_thread_bytes = 1 << 20).await;
     let (thread, other) = ("t-growing", "t-neighbour");
     // Persisted and published, as aihub does.
     let first = big_thread(thread, 2, 10_000);

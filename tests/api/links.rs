@@ -1,6 +1,8 @@
 //! Every relative link in the project's comments and docs resolves: the file exists and so does the anchor (an
-//! explicit `<a id="...">` or a heading's GitHub slug). Every rule the code cites ("contract 5.4", "design 2b") is
-//! such a link, so a newcomer reading only this repository can follow it.
+//! explicit `<a id="...">` or a heading's GitHub slug). Every rule the code cites ("contract 5.4", "design 2b",
+//! "design 2.1.3") is such a link, so a newcomer reading only this repository can follow it. The design's table of
+//! contents lists every section under its anchor, and the README's layout names every file under `src/`, so
+//! neither can go stale.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -153,7 +155,7 @@ fn every_cited_rule_is_a_link() {
     // A mention such as `contract 5.4` or `design section 3` must be a link's text (`[contract 5.4](...)`), or be
     // quoted as a name (`"contract 5.4"`).
     let mention =
-        Regex::new(r#"(.)\b(?:contract|design)(?: sections?)? \d+[a-z]?(?:\.\d+)?\b(.?.?)"#)
+        Regex::new(r#"(.)\b(?:contract|design)(?: sections?)? \d+[a-z]?(?:\.\d+)*\b(.?.?)"#)
             .unwrap();
     let mut plain = Vec::new();
     for file in files() {
@@ -170,6 +172,128 @@ fn every_cited_rule_is_a_link() {
         "rules cited without a link:\n{}",
         plain.join("\n")
     );
+}
+
+#[test]
+fn design_contents_list_every_section_under_its_anchor() {
+    let design = std::fs::read_to_string(Path::new(ROOT).join("docs/design.md")).unwrap();
+    let explicit = Regex::new(r#"^<a id="([^"]+)"></a>$"#).unwrap();
+    let heading = Regex::new(r"^#{2,6} (.+)$").unwrap();
+    let (contents, _) = design
+        .split_once("\n<a id=")
+        .expect("design.md has no explicit anchor");
+    let mut problems = Vec::new();
+    let mut ids: Vec<&str> = Vec::new();
+    let lines: Vec<&str> = design.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if let Some(c) = explicit.captures(line) {
+            ids.push(c.get(1).unwrap().as_str());
+        }
+        let Some(h) = heading.captures(line) else {
+            continue;
+        };
+        let title = &h[1];
+        // The anchors on the lines right above the heading.
+        let above: Vec<&str> = lines[..i]
+            .iter()
+            .rev()
+            .map_while(|l| explicit.captures(l).map(|c| c.get(1).unwrap().as_str()))
+            .collect();
+        if above.is_empty() {
+            problems.push(format!("`{line}` has no `<a id=...>` on the line above"));
+        } else if !above
+            .iter()
+            .any(|id| contents.contains(&format!("[{title}](#{id})")))
+        {
+            problems.push(format!(
+                "the contents lack `[{title}](#{})`",
+                above.last().unwrap()
+            ));
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for id in ids {
+        if !seen.insert(id) {
+            problems.push(format!("the anchor {id} is defined twice"));
+        }
+    }
+    assert!(seen.len() > 15, "only {} anchors found", seen.len());
+    assert!(
+        problems.is_empty(),
+        "docs/design.md:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The files under `src/`, by their path relative to it (`/`-separated).
+fn src_files() -> BTreeSet<String> {
+    fn walk(dir: &Path, base: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, base, out);
+            } else {
+                let relative = path.strip_prefix(base).unwrap();
+                let parts: Vec<_> = relative
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                out.insert(parts.join("/"));
+            }
+        }
+    }
+    let src = Path::new(ROOT).join("src");
+    let mut out = BTreeSet::new();
+    walk(&src, &src, &mut out);
+    out
+}
+
+/// The files the README's "Layout" section names under `src/`: each line `  <path relative to src/>  <what it owns>`.
+fn layout_names(readme: &str) -> Vec<String> {
+    let start = readme
+        .find("\n## Layout")
+        .expect("README.md has no Layout section");
+    let section = &readme[start + 1..];
+    let section = section.find("\n## ").map_or(section, |end| &section[..end]);
+    let line = Regex::new(r"(?m)^  ([A-Za-z0-9_][A-Za-z0-9_./-]*\.[A-Za-z]+) +\S").unwrap();
+    line.captures_iter(section)
+        .map(|c| c[1].to_owned())
+        .collect()
+}
+
+#[test]
+fn readme_layout_names_every_src_file_once() {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let named = layout_names(&readme);
+    let files = src_files();
+    let mut problems: Vec<String> = files
+        .iter()
+        .filter(|f| !named.contains(f))
+        .map(|f| format!("src/{f} is not named (add a line `  {f}  <what it owns>`)"))
+        .collect();
+    let mut seen = BTreeSet::new();
+    for name in &named {
+        if !files.contains(name) {
+            problems.push(format!("{name} is named but src/{name} does not exist"));
+        }
+        if !seen.insert(name) {
+            problems.push(format!("{name} is named twice"));
+        }
+    }
+    assert!(files.len() > 30, "only {} files under src/", files.len());
+    assert!(
+        problems.is_empty(),
+        "README.md, Layout:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn layout_lines_are_read_by_their_two_space_indent() {
+    let readme = "# x\n## Layout\n```text\nsrc/   the crate\n  main.rs   wiring\n  cache/entry.rs  one \
+                  thread\n                  continued, not a file.rs line\ntests/api/  tests\n```\n## Next\n  \
+                  other.rs  elsewhere\n";
+    assert_eq!(layout_names(readme), ["main.rs", "cache/entry.rs"]);
 }
 
 #[test]

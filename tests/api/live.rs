@@ -112,7 +112,7 @@ async fn live_view_store_path_and_projector_converge_on_random_threads() {
     // The store gets the same deliveries (one row per delivery, as aihub's replicas write them). The cold worker
     // runs unhinted: the test server walks the whole collection for a hinted query, which at this size would
     // exceed the read timeout (index use is the store tests' subject, not this one's).
-    let cold = spawn_app_with(|c| c.mongodb_index_hint = String::new()).await;
+    let cold = spawn_app_with(|c| c.store.index_hint = String::new()).await;
     cold.store.insert_rows(&delivered).await;
     for (i, (id, thread, with_primary)) in generated.iter().enumerate() {
         let stored = cold.api.history(id, &query(*with_primary)).await;
@@ -219,7 +219,7 @@ async fn concurrent_readers_of_a_cold_thread_share_one_hydration() {
     // Without a bound the hydration completes the view; within one (right after start) the view stays partial and
     // the readers that waited share the hydration's answer all the same.
     for bound in [Duration::ZERO, Duration::from_secs(30)] {
-        let app = spawn_app_with(|c| c.persist_lag = bound).await;
+        let app = spawn_app_with(|c| c.bounds.persist_lag = bound).await;
         let thread = "t-shared";
         app.store
             .insert_rows(&[
@@ -298,7 +298,7 @@ async fn a_malformed_visible_event_is_warned_about_once_not_on_every_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cache_stays_within_its_byte_budget_while_many_threads_stream_in() {
     const BUDGET: u64 = 256 * 1024;
-    let app = spawn_app_with(|c| c.cache_max_bytes = BUDGET).await;
+    let app = spawn_app_with(|c| c.cache.max_bytes = BUDGET).await;
     let mut rows = Vec::new();
     for t in 0..2_000 {
         let thread = format!("mem-{t}");
@@ -344,7 +344,7 @@ async fn the_cache_stays_within_its_byte_budget_while_many_threads_stream_in() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_consumer_drop_downgrades_complete_views() {
-    let app = spawn_app_with(|c| c.nats_subscription_capacity = 4).await;
+    let app = spawn_app_with(|c| c.nats.subscription_capacity = 4).await;
     let thread = "t-slow";
     app.store
         .insert_rows(&[user_row(thread, "d1", "e1", 1, "Q")])

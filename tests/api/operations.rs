@@ -10,7 +10,7 @@ use crate::threads;
 #[tokio::test]
 async fn metrics_count_a_known_workload_exactly() {
     // A subject wide enough to also deliver messages that are not display-event subjects.
-    let app = spawn_app_with(|c| c.subject = "agent.>".into()).await;
+    let app = spawn_app_with(|c| c.nats.subject = "agent.>".into()).await;
     let thread = "t-metrics";
     let marker = user_row(thread, "d1", "e1", 1, "Q");
     let chunks: Vec<_> = (0..3)
@@ -112,7 +112,7 @@ async fn metrics_count_a_known_workload_exactly() {
 
 #[tokio::test]
 async fn readiness_follows_the_store_and_nats() {
-    let mut app = spawn_app_with(|c| c.store_timeout = Duration::from_millis(300)).await;
+    let mut app = spawn_app_with(|c| c.bounds.store_timeout = Duration::from_millis(300)).await;
     let ready = app.api.get("/readyz", &[]).await;
     assert_eq!(ready.status, 200);
     assert_eq!(ready.json()["checks"]["store"]["ok"], true);
@@ -139,7 +139,7 @@ async fn readiness_follows_the_store_and_nats() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_waiting_on_a_failing_store_fail_together_instead_of_queueing() {
-    let app = spawn_app_with(|c| c.store_timeout = Duration::from_millis(700)).await;
+    let app = spawn_app_with(|c| c.bounds.store_timeout = Duration::from_millis(700)).await;
     app.mongo.pause();
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(8));
     let readers: Vec<_> = (0..8)

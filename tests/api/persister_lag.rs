@@ -270,7 +270,7 @@ async fn events_persisted_late_after_a_store_outage_appear() {
 
 #[tokio::test]
 async fn hydration_measures_the_persister_lag_and_counts_rows_beyond_the_bound() {
-    let app = spawn_app_with(|c| c.persist_lag = Duration::from_secs(2)).await;
+    let app = spawn_app_with(|c| c.bounds.persist_lag = Duration::from_secs(2)).await;
     let thread = "t-lag";
     app.store
         .insert_rows(&[

@@ -191,7 +191,7 @@ async fn a_marker_whose_display_id_is_not_a_string_is_skipped_not_fatal() {
 
 #[tokio::test]
 async fn a_stopped_store_answers_503_within_the_timeout_and_reads_recover() {
-    let mut app = spawn_app_with(|c| c.store_timeout = Duration::from_millis(500)).await;
+    let mut app = spawn_app_with(|c| c.bounds.store_timeout = Duration::from_millis(500)).await;
     let thread = "t-outage";
     app.mongo.stop();
 
@@ -251,8 +251,8 @@ async fn thread_ids_with_operator_characters_are_plain_strings() {
 #[tokio::test]
 async fn reads_beyond_the_hydration_limit_wait_within_the_store_timeout_then_answer_503() {
     let app = spawn_app_with(|c| {
-        c.store_timeout = Duration::from_millis(1_000);
-        c.max_concurrent_hydrations = 1;
+        c.bounds.store_timeout = Duration::from_millis(1_000);
+        c.cache.concurrent_hydrations = 1;
     })
     .await;
     // A frozen store holds the one slot for the whole timeout.
