@@ -1,4 +1,4 @@
-//! `ViewCache`: the moka cache of [`ThreadView`](crate::view::ThreadView)s and the read path over it.
+//! `ViewCache`: the moka cache of thread views ([`crate::view::ThreadView`]) and the read path over it.
 //!
 //! - Live events go into their thread's view ([`ViewCache::apply`]); a thread not in the cache gets a partial view.
 //! - A read of a complete view is answered from memory. A read of a partial or absent view hydrates it from the
