@@ -19,7 +19,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
-use super::render::{Answer, Form, Rendering, Source};
+use super::form::{Answer, Form, Source};
+use super::render::Rendering;
 use super::work::StoreSide;
 use crate::coverage::{self, Coverage, Stamp};
 use crate::decode::ViewEvent;

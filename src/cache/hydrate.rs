@@ -8,8 +8,9 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::entry::Entry;
+use super::form::{Answer, Form, Source};
 use super::metrics::RereadResult;
-use super::render::{Answer, Form, Rendering, Source};
+use super::render::Rendering;
 use super::work::{Begin, Outcome, Ticket};
 use super::{LimitPath, ReadError, ViewCache};
 use crate::coverage::{Stamp, Verdict};

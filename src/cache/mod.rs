@@ -1,4 +1,4 @@
-//! `ViewCache`: the moka cache of [`ThreadView`]s and the read path over it.
+//! `ViewCache`: the moka cache of thread views ([`crate::view::ThreadView`]) and the read path over it.
 //!
 //! - Live events go into their thread's view ([`ViewCache::apply`]); a thread not in the cache gets a partial view.
 //! - A read of a complete view is answered from memory. A read of a partial or absent view hydrates it from the
@@ -11,10 +11,11 @@
 //! Why each case (start, reconnect, gap, eviction, re-weigh, store outage, hydration racing live events, fills)
 //! keeps the promise is argued once, in [design 2.1] and [design 2].
 //!
-//! One job a file: [`entry`] (an entry and its lock order), [`work`] (the store side's state machine),
-//! [`hydrate`] (hydrations and re-reads), [`fill`] (fills), [`render`] (answers), [`metrics`] (the cache's and the
-//! shadow checks' metrics); this file holds the public read API, the moka cache and the limits. The store is read
-//! through [`StoreReads`], so [`tests`] run every race here on an in-memory store and tokio's paused clock.
+//! One job a file: `entry.rs` (an entry and its lock order), `work.rs` (the store side's state machine),
+//! `hydrate.rs` (hydrations and re-reads), `fill.rs` (fills), `form.rs` (what a read asks for and gets),
+//! `render.rs` (rendering once per version), `limit.rs` (the per-thread limit), `metrics.rs` (the cache's and the
+//! shadow checks' metrics), `settings.rs`; this file holds the public read API and the moka cache. The store is read
+//! through [`StoreReads`], so `tests.rs` runs every race here on an in-memory store and tokio's paused clock.
 //!
 //! [design 2.1]: ../../docs/design.md#2.1
 //! [design 2]: ../../docs/design.md#2
@@ -22,8 +23,10 @@
 mod entry;
 mod etag;
 mod fill;
+mod form;
 mod hydrate;
 mod items;
+mod limit;
 mod metrics;
 mod render;
 mod settings;
@@ -43,9 +46,11 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use etag::etag_of;
+pub use form::{Answer, Facts, Form, HistoryBody, Source};
 pub use items::{ItemId, Items};
+pub use limit::LimitPath;
 pub use metrics::{CacheMetrics, ShadowMetrics};
-pub use render::{Answer, Facts, Form, HistoryBody, Source, etag_of};
 pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use shadow::VerifyReport;
 pub use transcript::Transcript;
@@ -59,7 +64,7 @@ use crate::shadow::ShadowSettings;
 use crate::store::StoreBounds;
 use crate::store::{Hydration, Store, StoreError, StoreReads};
 use crate::telemetry::RateLimit;
-use crate::view::{Inserted, ThreadView, ViewState};
+use crate::view::{Inserted, ViewState};
 use entry::Entry;
 use fill::FillRequest;
 use work::{Begin, Outcome};
@@ -102,27 +107,6 @@ impl From<StoreError> for ReadError {
         match error {
             StoreError::TooLarge { limit } => ReadError::TooLarge { limit },
             other => ReadError::Store(other),
-        }
-    }
-}
-
-/// Where `HISTORY_VIEW_MAX_THREAD_BYTES` stopped a thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitPath {
-    /// A store read (hydration) of the thread: the read answers 507.
-    Read,
-    /// A live view (live events, a fill) outgrew it: the view left the cache.
-    Live,
-}
-
-impl LimitPath {
-    pub const ALL: [LimitPath; 2] = [LimitPath::Read, LimitPath::Live];
-
-    /// The `path` label of `history_view_thread_limit_exceeded_total`.
-    pub fn label(self) -> &'static str {
-        match self {
-            LimitPath::Read => "read",
-            LimitPath::Live => "live",
         }
     }
 }
@@ -439,43 +423,5 @@ impl<S: StoreReads> ViewCache<S> {
                 std::future::ready(op)
             })
             .await;
-    }
-
-    /// The error of a read of a thread past `HISTORY_VIEW_MAX_THREAD_BYTES`.
-    fn too_large(&self) -> ReadError {
-        ReadError::TooLarge {
-            limit: self.settings.max_thread_bytes,
-        }
-    }
-
-    /// Lets `entry` leave the cache if its view holds more than `HISTORY_VIEW_MAX_THREAD_BYTES`; returns whether
-    /// it did.
-    async fn leave_if_too_large(&self, entry: &Arc<Entry>, path: LimitPath) -> bool {
-        let over = entry.view_bytes.load(Ordering::Relaxed) > self.settings.max_thread_bytes;
-        if over && !entry.too_large.load(Ordering::Acquire) {
-            self.leave_too_large(entry, path).await;
-        }
-        over
-    }
-
-    /// Marks `entry` too large, empties its view and its rendering (their memory is freed now, whoever still
-    /// holds the entry) and removes it from the cache. Its readers answer 507; the thread's next entry starts
-    /// partial, so its reads go to the store, which answers the same while the thread stays that large. Leaving
-    /// is a removal like an eviction: the next entry is not complete until its store read covers this one's events.
-    async fn leave_too_large(&self, entry: &Arc<Entry>, path: LimitPath) {
-        if entry.too_large.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        *entry.lock_view(&self.metrics) = ThreadView::new();
-        entry.forget_rendering();
-        self.metrics.cache.thread_limit_exceeded(path);
-        if path == LimitPath::Live {
-            tracing::warn!(
-                thread_id = &*entry.thread_id,
-                limit_bytes = self.settings.max_thread_bytes,
-                "A thread's live view outgrew HISTORY_VIEW_MAX_THREAD_BYTES and left the cache; its reads answer 507"
-            );
-        }
-        self.if_current(entry, || Op::Remove).await;
     }
 }

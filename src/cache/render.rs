@@ -1,219 +1,15 @@
-//! Rendering a view into the answer of a read, in the form the read asks for (the history body, or the
-//! Conversations items): rendered once per view version and identity and reused while the view has not changed,
-//! and the projector's warnings logged once per view.
+//! Rendering a view into the answer of a read, in the form the read asks for (`form.rs`): rendered once per view
+//! version and identity and reused while the view has not changed, the last few versions' message digests kept for
+//! resumed feeds, and the projector's warnings logged once per view.
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use serde::Serialize;
-
-pub use super::etag::etag_of;
-use super::items::Items;
-use super::transcript::Transcript;
-use crate::explain::ViewFates;
+use super::form::{Answer, Facts, Form, Forms, Source};
 use crate::metrics::Metrics;
-use crate::project::{HistoryMessage, Identity, Projection, Trace};
+use crate::project::{Identity, Projection};
 use crate::view::ThreadView;
-
-/// Where a read's answer came from; also the `X-History-Source` header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// No store query was awaited on the read path.
-    Cache,
-    Store,
-}
-
-impl Source {
-    pub const ALL: [Source; 2] = [Source::Cache, Source::Store];
-
-    /// The `source` label of the read metrics and the `X-History-Source` header's value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Source::Cache => "cache",
-            Source::Store => "store",
-        }
-    }
-}
-
-/// A read's answer: its body in the form the read asked for, what every form shares, and where it came from.
-#[derive(Debug)]
-pub struct Answer<F> {
-    pub body: Arc<F>,
-    pub facts: Arc<Facts>,
-    pub source: Source,
-    /// The instant up to which the answer holds every event that reached NATS (`X-History-Covered-Through`), if
-    /// one is known.
-    pub covered_through: Option<std::time::SystemTime>,
-    /// The view's version it was rendered from (a version restarts in a new entry).
-    pub version: u64,
-    /// The cache entry's generation (0: no entry, a read from the store alone): with the version, it names the
-    /// answer across evictions and restarts.
-    pub generation: u64,
-}
-
-impl<F> Clone for Answer<F> {
-    fn clone(&self) -> Self {
-        Self {
-            body: Arc::clone(&self.body),
-            facts: Arc::clone(&self.facts),
-            source: self.source,
-            covered_through: self.covered_through,
-            version: self.version,
-            generation: self.generation,
-        }
-    }
-}
-
-/// What every form of one rendering shares ([`Projection`]'s facts beside the messages).
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Facts {
-    /// The runs that finished (see [`Projection::finished_runs`]).
-    pub finished_runs: BTreeSet<Box<str>>,
-    /// Whether any display is client-visible.
-    pub visible: bool,
-    /// `created_at` (nanoseconds) of the first visible event.
-    pub first_visible_at: Option<i64>,
-}
-
-impl Facts {
-    fn of(projection: &Projection) -> Self {
-        Self {
-            finished_runs: projection.finished_runs.clone(),
-            visible: projection.visible,
-            first_visible_at: projection.first_visible_at,
-        }
-    }
-
-    pub fn run_finished(&self, run_id: &str) -> bool {
-        self.finished_runs.contains(run_id)
-    }
-
-    fn bytes(&self) -> usize {
-        64 + self
-            .finished_runs
-            .iter()
-            .map(|run| run.len() + 48)
-            .sum::<usize>()
-    }
-}
-
-/// A form a view is rendered in: the history body, or the Conversations items ([`Items`]). Each is rendered from
-/// a projection at most once per view version and identity, and kept until the view changes.
-pub trait Form: Sized {
-    /// Whether this form needs each event's fate: its projection is then traced
-    /// ([`crate::project::project_view_traced`]).
-    const TRACED: bool = false;
-    /// Renders the form from a projection of the view, and its trace when [`Form::TRACED`] (empty otherwise).
-    fn render(thread_id: &str, projection: &Projection, trace: &Trace<'_>) -> Self;
-    /// Where a rendering keeps this form.
-    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>>;
-    /// Bytes held, for the cache's weigher.
-    fn bytes(&self) -> usize;
-    /// Per-message digests, kept for a few versions so that a resumed feed finds what changed since.
-    fn digests(&self) -> Option<Arc<[u64]>> {
-        None
-    }
-}
-
-/// The forms rendered so far from one version of a view for one identity.
-#[derive(Default)]
-pub struct Forms {
-    history: Option<Arc<HistoryBody>>,
-    items: Option<Arc<Items>>,
-    transcript: Option<Arc<Transcript>>,
-    fates: Option<Arc<ViewFates>>,
-}
-
-impl Forms {
-    fn bytes(&self) -> usize {
-        self.history.as_ref().map_or(0, |h| h.bytes())
-            + self.items.as_ref().map_or(0, |i| i.bytes())
-            + self.transcript.as_ref().map_or(0, |t| t.bytes())
-            + self.fates.as_ref().map_or(0, |f| f.bytes())
-    }
-}
-
-/// A rendered history response.
-#[derive(Debug)]
-pub struct HistoryBody {
-    /// `{"thread_id": ..., "messages": [...]}`.
-    pub body: Bytes,
-    /// A strong validator of `body` (quoted), equal for equal bodies whatever their source.
-    pub etag: String,
-}
-
-impl Form for HistoryBody {
-    fn render(thread_id: &str, projection: &Projection, _trace: &Trace<'_>) -> Self {
-        let body = serde_json::to_vec(&HistoryJson {
-            thread_id,
-            messages: &projection.history.messages,
-        })
-        // Serialising strings and vectors of plain structs cannot fail.
-        .unwrap_or_default();
-        Self {
-            etag: etag_of(&body),
-            body: Bytes::from(body),
-        }
-    }
-
-    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>> {
-        &mut forms.history
-    }
-
-    fn bytes(&self) -> usize {
-        self.body.len() + self.etag.len() + 64
-    }
-}
-
-impl Form for Items {
-    fn render(_thread_id: &str, projection: &Projection, _trace: &Trace<'_>) -> Self {
-        Items::new(projection)
-    }
-
-    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>> {
-        &mut forms.items
-    }
-
-    fn bytes(&self) -> usize {
-        Items::bytes(self)
-    }
-}
-
-impl Form for Transcript {
-    fn render(_thread_id: &str, projection: &Projection, _trace: &Trace<'_>) -> Self {
-        Transcript::new(projection)
-    }
-
-    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>> {
-        &mut forms.transcript
-    }
-
-    fn bytes(&self) -> usize {
-        Transcript::bytes(self)
-    }
-
-    fn digests(&self) -> Option<Arc<[u64]>> {
-        Some(Arc::clone(&self.digests))
-    }
-}
-
-impl Form for ViewFates {
-    const TRACED: bool = true;
-
-    fn render(_thread_id: &str, projection: &Projection, trace: &Trace<'_>) -> Self {
-        ViewFates::new(projection, trace)
-    }
-
-    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>> {
-        &mut forms.fates
-    }
-
-    fn bytes(&self) -> usize {
-        ViewFates::bytes(self)
-    }
-}
 
 /// The forms rendered from one version of a view for one primary identity.
 struct Rendered {
@@ -221,13 +17,6 @@ struct Rendered {
     primary: Option<Identity>,
     facts: Arc<Facts>,
     forms: Forms,
-}
-
-/// The history body's shape.
-#[derive(Serialize)]
-struct HistoryJson<'a> {
-    thread_id: &'a str,
-    messages: &'a [HistoryMessage],
 }
 
 /// How many versions' per-message digests are kept for resumed feeds (with their identity).
@@ -372,6 +161,8 @@ fn log_new_warnings(warned: &mut HashSet<u64>, projection: &Projection) -> usize
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::form::HistoryBody;
+    use crate::cache::items::Items;
     use crate::decode::{Decoded, ViewEvent, decode_payload};
     use crate::subject::DeliveryKey;
 
