@@ -1,5 +1,5 @@
 //! `CatchUp`: whether the resumable live source (the JetStream consumers) has everything its streams hold, so that
-//! a complete view may be served from memory ([design 2.1](../docs/design.md#2.1)). Core NATS tracks nothing
+//! a complete view may be served from memory ([design 2.1.4](../docs/design.md#2.1.4)). Core NATS tracks nothing
 //! here: it is always caught up (a disconnect is a gap instead).
 //!
 //! The source is *behind* while any [`Lane`] is: a stream whose consumer is being (re)created until a consumer made

@@ -1,5 +1,5 @@
 //! `Coverage`: from when on the worker has heard every live event of a thread, and so whether a view built from a
-//! store read that started at a given moment may be marked complete (the persister-lag rule, [design 2.1]).
+//! store read that started at a given moment may be marked complete (the persister-lag rule, [design 2.1.1]).
 //!
 //! An event reaches a view live or through the store. The live stream covers a thread from its *coverage start*
 //! on, the latest of:
@@ -22,7 +22,7 @@
 //! stamps, timers and deadlines. The rules take `now` from their caller, so they are tested with a hand-driven clock;
 //! the `*_now` wrappers read tokio's, which tests of the cache pause and advance (`start_paused`).
 //!
-//! [design 2.1]: ../docs/design.md#2.1
+//! [design 2.1.1]: ../docs/design.md#2.1.1
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -1,5 +1,5 @@
 //! `Freshness`: the wall-clock instant up to which the live stream has delivered, and the ingest path applied,
-//! every event that reached NATS (the `X-History-Covered-Through` of an answer from memory, [design 2.1]).
+//! every event that reached NATS (the `X-History-Covered-Through` of an answer from memory, [design 2.1.7]).
 //!
 //! - Core NATS: the worker's own round-trip probe (the one that confirms the subscription) is sent every
 //!   [`PROBE_EVERY`]; the ingest loop takes its reply only once it has applied every display event the client
@@ -10,7 +10,7 @@
 //!
 //! One mutex (the streams' instants), taken alone for a few steps by the writers; readers load one atomic.
 //!
-//! [design 2.1]: ../docs/design.md#2.1
+//! [design 2.1.7]: ../docs/design.md#2.1.7
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

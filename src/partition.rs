@@ -60,7 +60,7 @@ impl Partitioning {
 
     /// The source of one class stream from its message `next_sequence` on (its last sequence plus one, read before
     /// `since` was taken), with `since` as the instant coverage may start from (what the class stream held before
-    /// is covered by the store, [design 2.1](../docs/design.md#2.1)).
+    /// is covered by the store, [design 2.1.5](../docs/design.md#2.1.5)).
     ///
     /// Chosen: a start *sequence*, not a start time alone. A source started by time is set up by nats-server at the
     /// later of that time and the partitioned stream's last message time (`trySetupSourceConsumer`,

@@ -127,7 +127,7 @@ pub enum Verdict {
     /// Nothing failed; some rows were stored about when the read happened.
     Uncertain,
     /// Something failed, but a gap was noticed within the window after the read: the persister-lag rule does not promise it ([design
-    /// 2.1](../docs/design.md#2.1)).
+    /// 2.1.6](../docs/design.md#2.1.6)).
     Window,
     Late,
     Differs,

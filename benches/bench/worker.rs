@@ -121,7 +121,7 @@ impl Worker {
 
     /// Reads `thread` until the answer comes from memory. A view first read within the persister-lag bound after the
     /// worker confirmed its subscription is completed by a background re-read once the bound has passed ([design
-    /// 2.1](../../docs/design.md#2.1)); this waits for that re-read (at most half a second, as a first read past the
+    /// 2.1.1](../../docs/design.md#2.1.1)); this waits for that re-read (at most half a second, as a first read past the
     /// bound completes the view itself) instead of reading the store again and again.
     pub async fn read_until_cached(&self, thread: &str) -> Reply {
         let deadline = Instant::now() + READY_TIMEOUT;

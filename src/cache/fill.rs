@@ -68,10 +68,10 @@ impl<S: StoreReads> ViewCache<S> {
     /// stays complete if it was complete when the fill started and no gap or removal happened since: then its
     /// hydration read started at least the persister-lag bound after its coverage start, so every event of these
     /// displays published before that start is in the store now, and every later one was applied live ([design
-    /// 2.1]). A failed fill leaves the views partial, so their next reads hydrate, and fails the readers that waited
+    /// 2.1.1]). A failed fill leaves the views partial, so their next reads hydrate, and fails the readers that waited
     /// for it.
     ///
-    /// [design 2.1]: ../../docs/design.md#2.1
+    /// [design 2.1.1]: ../../docs/design.md#2.1.1
     async fn fill(&self, batch: Vec<FillRequest>) {
         let mut work: Vec<(FillRequest, Vec<Box<str>>)> = Vec::with_capacity(batch.len());
         let mut threads = HashSet::new();

@@ -1,5 +1,5 @@
 //! Hydrations: a thread's two-stage store read merged with the live events its view holds, completed only by the
-//! persister-lag rule ([design 2.1](../../docs/design.md#2.1)); and the one background re-read of a view that
+//! persister-lag rule ([design 2.1.1](../../docs/design.md#2.1.1)); and the one background re-read of a view that
 //! rule held partial.
 
 use std::sync::Arc;

@@ -3,13 +3,13 @@
 //! - Live events go into their thread's view ([`ViewCache::apply`]); a thread not in the cache gets a partial view.
 //! - A read of a complete view is answered from memory. A read of a partial or absent view hydrates it from the
 //!   store once (concurrent readers wait for the same hydration and share its outcome), merges the live events
-//!   held, and marks it complete only if the persister-lag rule allows it ([design 2.1], [`crate::coverage`]); a
+//!   held, and marks it complete only if the persister-lag rule allows it ([design 2.1.1], [`crate::coverage`]); a
 //!   view held partial only by the bound gets one background re-read once it has passed.
 //! - A live marker on a display a complete view has not read queues a fill of that display, off the read path.
 //! - Memory is bounded by a byte budget, and one thread by `HISTORY_VIEW_MAX_THREAD_BYTES`.
 //!
 //! Why each case (start, reconnect, gap, eviction, re-weigh, store outage, hydration racing live events, fills)
-//! keeps the promise is argued once, in [design 2.1] and [design 2].
+//! keeps the promise is argued once, in [design 2.1.1] and [design 2].
 //!
 //! One job a file: `entry.rs` (an entry and its lock order), `work.rs` (the store side's state machine),
 //! `hydrate.rs` (hydrations and re-reads), `fill.rs` (fills), `form.rs` (what a read asks for and gets),
@@ -17,7 +17,7 @@
 //! shadow checks' metrics), `settings.rs`; this file holds the public read API and the moka cache. The store is read
 //! through [`StoreReads`], so `tests.rs` runs every race here on an in-memory store and tokio's paused clock.
 //!
-//! [design 2.1]: ../../docs/design.md#2.1
+//! [design 2.1.1]: ../../docs/design.md#2.1.1
 //! [design 2]: ../../docs/design.md#2
 
 mod entry;

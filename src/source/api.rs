@@ -1,7 +1,7 @@
 //! The JetStream calls the source makes, behind one seam ([`Api`]): list the streams, read a stream's state, create
 //! an ephemeral pull consumer and read its state and deliveries, and (partitioned workers) create or update the
 //! partitioned stream. [`NatsApi`] makes them on async-nats; the source's unit tests make them on a fake
-//! (`src/source/tests.rs`). The values are plain: what the rules of [design 2.1](../../docs/design.md#2.1) read.
+//! (`src/source/tests.rs`). The values are plain: what the rules of [design 2.1.3](../../docs/design.md#2.1.3) read.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};

@@ -3,7 +3,7 @@
 //! of the stream, the consumer's state, a second reading ([`Position::judge`], [`Position::confirm`]). A request
 //! that fails or outlasts [`super::Timing::request_timeout`], a delivery lost on the way, two missed heartbeats
 //! or a lost connection end the consumer; the next one resumes after the last message applied, and the stream is
-//! behind until that one has caught up ([design 2.1](../../docs/design.md#2.1)).
+//! behind until that one has caught up ([design 2.1.4](../../docs/design.md#2.1.4)).
 
 use std::time::{Duration, SystemTime};
 

@@ -3,7 +3,7 @@
 //! (`consumer.rs`), or binds the partitioned stream (`partitioned.rs`). The first listing starts coverage at the
 //! replay window; a stream found later is consumed from its start, after a gap. It fails closed: with no matching
 //! stream, JetStream unavailable, or the listing refused, nothing is served from memory and `/readyz` says why
-//! ([design 2.1](../../docs/design.md#2.1)). The worker creates no class stream and only ephemeral consumers.
+//! ([design 2.1.3](../../docs/design.md#2.1.3)). The worker creates no class stream and only ephemeral consumers.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

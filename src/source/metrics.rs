@@ -9,7 +9,7 @@ use super::GapCause;
 use super::witness::WitnessOutcome;
 use crate::metrics::{Registrar, gauge_value, preset};
 
-/// What a JetStream consumer's resume found ([design 2.1](../../docs/design.md#2.1)).
+/// What a JetStream consumer's resume found ([design 2.1.3](../../docs/design.md#2.1.3)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResumeOutcome {
     /// The stream kept its identity and the messages after the last one applied: not a gap.

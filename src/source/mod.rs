@@ -12,7 +12,7 @@
 //!   witness.
 //!
 //! Events go through the same subject → decode → view path whatever the source ([`Sink`], [`crate::ingest`]).
-//! Every case of [design 2.1](../../docs/design.md#2.1)'s table is a gap, "behind" or fail-closed here.
+//! Every case of [design 2.1.3](../../docs/design.md#2.1.3)'s table is a gap, "behind" or fail-closed here.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};

@@ -1,7 +1,7 @@
 //! Partitioned sourcing (`HISTORY_VIEW_PARTITIONS` > 1): every interval, the class streams are listed, the
 //! partitioned stream is bound (created, and each new class stream added to its sources, unless
 //! `HISTORY_VIEW_JETSTREAM_CREATE_STREAM=false`) and checked, and what changed upstream of it is judged ([design
-//! 2.1](../../docs/design.md#2.1)): a class stream sourced for the first time after the start, recreated, deleted or
+//! 2.1.5](../../docs/design.md#2.1.5)): a class stream sourced for the first time after the start, recreated, deleted or
 //! under a new leader is a gap; one not sourced at all, or a source that stalled, keeps the worker behind. The one
 //! consumer loop, on `<prefix>.<k>.>`, is the class streams' (`consumer.rs`), so every retention case of the
 //! partitioned stream itself is judged there.

@@ -1,5 +1,5 @@
-//! The resume and retention rule on plain values ([design 2.1](../../docs/design.md#2.1), "JetStream: every way an
-//! event can miss the consumed stream"): what the worker has read of one stream ([`Position`]), and whether a
+//! The resume and retention rule on plain values ([design 2.1.3](../../docs/design.md#2.1.3), "The JetStream source,
+//! case by case"): what the worker has read of one stream ([`Position`]), and whether a
 //! reading of the stream's state shows that something it had not read is gone ([`Position::judge`]). Pure: the
 //! consumer loop (`consumer.rs`) takes the readings and records what this decides.
 

@@ -65,7 +65,7 @@ impl NatsSettings {
     }
 
     /// How long after a read a lost connection may still be noticed: two unanswered pings end it, about three
-    /// intervals after the server's last word ([design 2.1](../../docs/design.md#2.1)).
+    /// intervals after the server's last word ([design 2.1.2](../../docs/design.md#2.1.2)).
     pub fn gap_window(&self) -> Duration {
         self.ping_interval * 3
     }

@@ -1,7 +1,7 @@
 //! The JetStream source's orchestration without servers: the source over a fake JetStream ([`Fake`]: streams
 //! holding messages, ephemeral consumers delivering them in order, the state readings the source asks for), whose
 //! streams a test can age, purge, delete from, recreate, hand to a new leader, or silence, on tokio's paused clock.
-//! One test per case of [design 2.1](../../docs/design.md#2.1)'s table; the black-box tests (`tests/api/`) prove
+//! One test per case of [design 2.1.3](../../docs/design.md#2.1.3)'s table; the black-box tests (`tests/api/`) prove
 //! the same against real servers.
 
 use std::collections::BTreeMap;

@@ -4,7 +4,7 @@
 //! everything stored by then ([`crate::freshness`]) never reached a stream (no stream for its class, a stream full
 //! with `discard: new`, a leader that lost its quorum, a stream without a leader): its thread's views are made
 //! partial (a per-thread gap, [`Coverage::thread_gap`]), so the next read hydrates from the store, which aihub's
-//! persister fills within the bound ([design 2.1](../../docs/design.md#2.1)).
+//! persister fills within the bound ([design 2.1.3](../../docs/design.md#2.1.3)).
 //!
 //! Identities are the full subject (the 8-field delivery identity), hashed: aihub's JetStream publish retries show
 //! Core every attempt while the stream keeps one by `Nats-Msg-Id`, so counting is by identity, never by number. Core
