@@ -246,6 +246,14 @@ pub fn gauge_value(count: u64) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
 
+/// The value of `series` (its name and labels as rendered) in a `/metrics` text, for the components' tests.
+#[cfg(test)]
+pub(crate) fn sample(rendered: &str, series: &str) -> Option<f64> {
+    rendered
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
@@ -254,12 +262,6 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-
-    fn sample(rendered: &str, series: &str) -> Option<f64> {
-        rendered
-            .lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-    }
 
     #[test]
     fn labelled_counters_are_exported_at_zero_from_the_start() {

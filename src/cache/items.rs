@@ -162,40 +162,10 @@ fn content(message: &HistoryMessage) -> Vec<ContentJson<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::{Decoded, ViewEvent, decode_payload};
+    use crate::decode::ViewEvent;
+    use crate::decode::testing::{chunk, stop, user};
     use crate::project::project;
-    use crate::subject::DeliveryKey;
-    use serde_json::{Value, json};
-
-    fn event(subject: &str, payload: Value) -> ViewEvent {
-        let key = DeliveryKey::parse_subject(subject).unwrap();
-        match decode_payload(key, payload.to_string().as_bytes()).unwrap() {
-            Decoded::Event(event) => event,
-            Decoded::Irrelevant => unreachable!("{subject}"),
-        }
-    }
-
-    fn user(display: &str, id: &str, at: i64, text: &str) -> ViewEvent {
-        event(
-            &format!("agent.UserAgent.u.t.{display}.ru{id}.display_event.UserMessageEvent.{id}"),
-            json!({"_parent_event_names": ["UserMessageEvent"], "created_at": at,
-                   "messages": [{"role": "user", "blocks": [{"block_type": "text", "text": text}]}]}),
-        )
-    }
-
-    fn chunk(run: &str, id: &str, at: i64, text: &str) -> ViewEvent {
-        event(
-            &format!("agent.A.a.t.d.{run}.display_event.ChunkEvent.{id}"),
-            json!({"_parent_event_names": ["ChunkEvent"], "created_at": at, "content": text}),
-        )
-    }
-
-    fn stop(run: &str, id: &str, at: i64) -> ViewEvent {
-        event(
-            &format!("agent.A.a.t.d.{run}.display_event.StopEvent.{id}"),
-            json!({"_parent_event_names": ["StopEvent"], "created_at": at}),
-        )
-    }
+    use serde_json::Value;
 
     /// Every item's JSON, in history order.
     fn items(events: &[ViewEvent]) -> Vec<Value> {

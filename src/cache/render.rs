@@ -163,18 +163,7 @@ mod tests {
     use super::*;
     use crate::cache::form::HistoryBody;
     use crate::cache::items::Items;
-    use crate::decode::{Decoded, ViewEvent, decode_payload};
-    use crate::subject::DeliveryKey;
-
-    fn event(subject: &str, payload: &str) -> ViewEvent {
-        match decode_payload(
-            DeliveryKey::parse_subject(subject).unwrap(),
-            payload.as_bytes(),
-        ) {
-            Ok(Decoded::Event(event)) => event,
-            other => panic!("a relevant event expected, got {other:?}"),
-        }
-    }
+    use crate::decode::testing::live_event as event;
 
     fn view() -> ThreadView {
         let mut view = ThreadView::new();

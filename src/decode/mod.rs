@@ -218,9 +218,10 @@ fn created_at(value: Option<&Value>) -> Result<i64, ErrorType> {
     }
 }
 
-/// What the decoder's tests share: a delivery key, a decoded payload and its body.
+/// What the decoder's tests share: a delivery key, a decoded payload and its body; and, for the tests of what is
+/// built from events (renderings, items), one relevant event decoded from a live subject and payload.
 #[cfg(test)]
-mod testing {
+pub(crate) mod testing {
     use serde_json::Value;
 
     use super::{Body, DISPLAY_EVENT, Decoded, decode_payload};
@@ -241,6 +242,45 @@ mod testing {
 
     pub fn payload(key: DeliveryKey, value: Value) -> Decoded {
         decode_payload(key, value.to_string().as_bytes()).unwrap()
+    }
+
+    /// The relevant event a live `subject` and `payload` decode to.
+    pub fn live_event(subject: &str, payload: &str) -> super::ViewEvent {
+        match decode_payload(
+            DeliveryKey::parse_subject(subject).unwrap(),
+            payload.as_bytes(),
+        ) {
+            Ok(Decoded::Event(event)) => event,
+            other => panic!("a relevant event expected, got {other:?}"),
+        }
+    }
+
+    /// A `UserAgent` user message of thread `t` on `display` (it makes the display visible).
+    pub fn user(display: &str, id: &str, at: i64, text: &str) -> super::ViewEvent {
+        live_event(
+            &format!("agent.UserAgent.u.t.{display}.ru{id}.display_event.UserMessageEvent.{id}"),
+            &serde_json::json!({"_parent_event_names": ["UserMessageEvent"], "created_at": at,
+                   "messages": [{"role": "user", "blocks": [{"block_type": "text", "text": text}]}]})
+            .to_string(),
+        )
+    }
+
+    /// A chunk of agent `A/a`'s answer in `run` on display `d` of thread `t`.
+    pub fn chunk(run: &str, id: &str, at: i64, text: &str) -> super::ViewEvent {
+        live_event(
+            &format!("agent.A.a.t.d.{run}.display_event.ChunkEvent.{id}"),
+            &serde_json::json!({"_parent_event_names": ["ChunkEvent"], "created_at": at, "content": text})
+                .to_string(),
+        )
+    }
+
+    /// The stop of agent `A/a`'s `run` on display `d` of thread `t`.
+    pub fn stop(run: &str, id: &str, at: i64) -> super::ViewEvent {
+        live_event(
+            &format!("agent.A.a.t.d.{run}.display_event.StopEvent.{id}"),
+            &serde_json::json!({"_parent_event_names": ["StopEvent"], "created_at": at})
+                .to_string(),
+        )
     }
 
     pub fn body(decoded: Decoded) -> Body {

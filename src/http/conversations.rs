@@ -203,32 +203,13 @@ fn put_id(body: &mut BytesMut, items: &Items, at: Option<usize>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::{Decoded, ViewEvent, decode_payload};
+    use crate::decode::ViewEvent;
+    use crate::decode::testing::chunk;
     use crate::project::project;
-    use crate::subject::DeliveryKey;
     use serde_json::{Value, json};
 
-    fn event(subject: &str, payload: Value) -> ViewEvent {
-        let key = DeliveryKey::parse_subject(subject).unwrap();
-        match decode_payload(key, payload.to_string().as_bytes()).unwrap() {
-            Decoded::Event(event) => event,
-            Decoded::Irrelevant => unreachable!("{subject}"),
-        }
-    }
-
     fn user(id: &str, at: i64, text: &str) -> ViewEvent {
-        event(
-            &format!("agent.UserAgent.u.t.d.ru{id}.display_event.UserMessageEvent.{id}"),
-            json!({"_parent_event_names": ["UserMessageEvent"], "created_at": at,
-                   "messages": [{"role": "user", "blocks": [{"block_type": "text", "text": text}]}]}),
-        )
-    }
-
-    fn chunk(run: &str, id: &str, at: i64, text: &str) -> ViewEvent {
-        event(
-            &format!("agent.A.a.t.d.{run}.display_event.ChunkEvent.{id}"),
-            json!({"_parent_event_names": ["ChunkEvent"], "created_at": at, "content": text}),
-        )
+        crate::decode::testing::user("d", id, at, text)
     }
 
     fn page(items: &Items, order: Order, after: Option<&str>, limit: usize) -> Value {

@@ -130,15 +130,9 @@ impl StoreMetrics {
 
 #[cfg(test)]
 mod tests {
-    use crate::metrics::Metrics;
+    use crate::metrics::{Metrics, sample};
 
     use super::*;
-
-    fn sample(rendered: &str, series: &str) -> Option<f64> {
-        rendered
-            .lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-    }
 
     #[test]
     fn a_lag_outside_zero_to_a_day_is_counted_apart_and_kept_out_of_the_histogram() {
