@@ -44,8 +44,8 @@ impl PageQuery {
     fn limit(&self) -> Result<usize, ApiError> {
         match &self.limit {
             None => Ok(DEFAULT_LIMIT),
-            Some(text) => match text.parse::<usize>() {
-                Ok(limit) if (1..=MAX_LIMIT).contains(&limit) => Ok(limit),
+            Some(text) => match super::read::query_number(text) {
+                Ok(limit) if (1..=MAX_LIMIT as u64).contains(&limit) => Ok(limit as usize),
                 _ => Err(ApiError::InvalidQuery(
                     "limit must be an integer from 1 to 100".into(),
                 )),

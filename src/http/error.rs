@@ -46,6 +46,11 @@ pub enum ApiError {
     /// `verify` of a thread another partitioned worker owns, which did not answer in time.
     #[error("the worker owning this thread did not answer; try again")]
     OwnerUnreachable,
+    /// A request marked forwarded (`X-History-Forwarded`) for a thread this worker does not own.
+    #[error(
+        "this worker does not own the thread; send the request to any worker without X-History-Forwarded"
+    )]
+    Misdirected,
 }
 
 impl ApiError {
@@ -68,6 +73,7 @@ impl ApiError {
             ApiError::NoConversation => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::NotCached => (StatusCode::NOT_FOUND, "thread_not_cached"),
             ApiError::OwnerUnreachable => (StatusCode::SERVICE_UNAVAILABLE, "owner_unreachable"),
+            ApiError::Misdirected => (StatusCode::MISDIRECTED_REQUEST, "misdirected"),
         }
     }
 }

@@ -71,8 +71,7 @@ pub async fn stream_history(
         Routed::Local => {}
         Routed::Forwarded(response) => return Ok(response),
         Routed::OwnerSilent => return Err(ApiError::OwnerUnreachable),
-        // A forwarded feed for a thread this worker does not own either: it holds no view of it.
-        Routed::NotOwned => return Err(ApiError::OwnerUnreachable),
+        Routed::Misdirected => return Err(ApiError::Misdirected),
     }
     open(&state, thread, primary, &request.headers).await
 }

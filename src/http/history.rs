@@ -47,8 +47,7 @@ pub async fn verify(
         Routed::Local => {}
         Routed::Forwarded(response) => return Ok(response),
         Routed::OwnerSilent => return Err(ApiError::OwnerUnreachable),
-        // A forwarded request for a thread this worker does not own either: it holds no view of it.
-        Routed::NotOwned => return Err(ApiError::NotCached),
+        Routed::Misdirected => return Err(ApiError::Misdirected),
     }
     match state.views.verify(thread).await {
         Ok(Some(report)) => Ok(axum::Json(report).into_response()),

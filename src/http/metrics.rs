@@ -71,17 +71,20 @@ pub enum ReadRoute {
     Forwarded,
     /// The owner did not answer in time: answered from the store, not cached.
     OwnerUnreachable,
-    /// A forwarded read for a thread this worker does not own either (workers disagree on the partition count):
-    /// answered from the store, not cached, never forwarded again.
+    /// A request marked forwarded for a thread this worker does not own either (workers disagree on the partition
+    /// count, or a client set the header): answered 421, never forwarded again, no store read.
     Loop,
+    /// The owner answered 421 (it does not own the thread either): answered here as for a silent owner.
+    Misdirected,
 }
 
 impl ReadRoute {
-    const ALL: [ReadRoute; 4] = [
+    const ALL: [ReadRoute; 5] = [
         ReadRoute::Local,
         ReadRoute::Forwarded,
         ReadRoute::OwnerUnreachable,
         ReadRoute::Loop,
+        ReadRoute::Misdirected,
     ];
 
     fn label(self) -> &'static str {
@@ -90,6 +93,7 @@ impl ReadRoute {
             ReadRoute::Forwarded => "forwarded",
             ReadRoute::OwnerUnreachable => "owner_unreachable",
             ReadRoute::Loop => "loop",
+            ReadRoute::Misdirected => "misdirected",
         }
     }
 }
@@ -97,7 +101,7 @@ impl ReadRoute {
 /// The statuses the API answers besides 2xx and 304 (`history_view_read_errors_total{code}`, preset at zero):
 /// bad input, a missing token, not found (or not cached), a wrong method, a rejected query, overload or an
 /// unavailable store, a thread too large. Any other status is counted under its own code.
-const READ_ERROR_CODES: [&str; 7] = ["400", "401", "404", "405", "500", "503", "507"];
+const READ_ERROR_CODES: [&str; 8] = ["400", "401", "404", "405", "421", "500", "503", "507"];
 
 /// Readiness components (`history_view_ready{component}`), as `/readyz` reports them.
 const READY_COMPONENTS: [&str; 2] = ["nats", "store"];
@@ -152,14 +156,15 @@ impl HttpMetrics {
                 "history_view_read_routes_total",
                 "Requests for a thread (reads, feeds, verify) of partitioned workers, by route: local (this worker \
                  owns the thread), forwarded (answered by the owner), owner_unreachable (the owner gave no answer \
-                 in time: a read is answered from the store), loop (forwarded here though this worker does not own \
-                 the thread either: answered from the store, never forwarded again).",
+                 in time: a read is answered from the store), loop (marked forwarded, by a worker or a client, though \
+                 this worker does not own the thread either: answered 421 Misdirected Request, no store read), \
+                 misdirected (the worker forwarded to answered 421: answered here as for an unreachable owner).",
                 &["route"],
             ),
             read_errors: registrar.counter_vec(
                 "history_view_read_errors_total",
-                "API answers that are neither 2xx nor 304, by HTTP status code: 400, 401, 404, 405, 500, 503 and \
-                 507 from the start, any other as it happens (the operations endpoints are not counted).",
+                "API answers that are neither 2xx nor 304, by HTTP status code: 400, 401, 404, 405, 421, 500, 503 \
+                 and 507 from the start, any other as it happens (the operations endpoints are not counted).",
                 &["code"],
             ),
             waiting_reads: registrar.gauge(

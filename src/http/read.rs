@@ -171,7 +171,7 @@ impl ThreadRequest {
         let invalid = |message: &str| Err(ApiError::InvalidQuery(message.into()));
         let wait = match &self.query.wait_ms {
             None => MAX_WAIT,
-            Some(ms) => match ms.parse::<u64>() {
+            Some(ms) => match query_number(ms) {
                 Ok(ms) if ms <= MAX_WAIT.as_millis() as u64 => Duration::from_millis(ms),
                 _ => return invalid("wait_ms must be an integer from 0 to 5000"),
             },
@@ -198,6 +198,20 @@ impl ThreadRequest {
             )));
         }
         Ok(())
+    }
+}
+
+/// A number in a query as the API documents it: decimal digits only, without a sign, spaces or leading zeros
+/// (`0` itself aside), so `+5`, `05` and ` 5` are refused rather than read as 5 (Rust's integer parsing takes a `+`
+/// and leading zeros).
+pub(super) fn query_number(text: &str) -> Result<u64, ()> {
+    let canonical = !text.is_empty()
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && (text == "0" || !text.starts_with('0'));
+    if canonical {
+        text.parse().map_err(|_| ())
+    } else {
+        Err(())
     }
 }
 
@@ -253,8 +267,9 @@ pub async fn read<F: Form>(
     let cached = match route(state, thread, forward, &request.uri, &request.headers).await {
         Routed::Local => true,
         Routed::Forwarded(response) => return Ok(Read::Forwarded(response)),
+        Routed::Misdirected => return Err(ApiError::Misdirected),
         // Only the owner receives the thread's events: a view here could never be complete, so none is made.
-        Routed::NotOwned | Routed::OwnerSilent => false,
+        Routed::OwnerSilent => false,
     };
     let once = async || {
         let started = std::time::Instant::now();
@@ -505,5 +520,26 @@ mod tests {
         assert!(!matches_etag(&headers, "\"c\""));
         headers.insert(header::IF_NONE_MATCH, HeaderValue::from_static("*"));
         assert!(matches_etag(&headers, "\"c\""));
+    }
+
+    #[test]
+    fn query_numbers_are_plain_decimal_digits() {
+        assert_eq!(super::query_number("0"), Ok(0));
+        assert_eq!(super::query_number("5"), Ok(5));
+        assert_eq!(super::query_number("5000"), Ok(5000));
+        for refused in [
+            "",
+            "+5",
+            "05",
+            "00",
+            " 5",
+            "5 ",
+            "-0",
+            "5e2",
+            "0x5",
+            "99999999999999999999",
+        ] {
+            assert_eq!(super::query_number(refused), Err(()), "{refused:?}");
+        }
     }
 }

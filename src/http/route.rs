@@ -3,13 +3,16 @@
 //! a live feed of a thread another worker owns is forwarded to it (`HISTORY_VIEW_PEER_URL`), with the caller's
 //! query, token and validators, and its answer passed back as it is; when the owner gives none in time, the caller
 //! decides the fallback (a read answers from the store, [`super::read::read`]; a feed or `verify` is 503). A
-//! forwarded request carries [`FORWARDED_HEADER`], so it is never forwarded again.
+//! forwarded request carries [`FORWARDED_HEADER`], so it is never forwarded again; one that reaches a worker that
+//! does not own its thread either is answered 421 Misdirected Request there, at no store cost, and the forwarding
+//! worker falls back as for a silent owner. So a client that sends the header itself gains nothing: to an owner it
+//! is an ordinary read, to any other worker a 421.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, HeaderName, Method, Request, Response, Uri, header};
+use axum::http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -78,12 +81,15 @@ pub(super) enum Forward {
 pub(super) enum Routed {
     /// Here, through the cache: this worker owns the thread (every thread, with one partition).
     Local,
-    /// Here, without the cache: a forwarded request for a thread this worker does not own either (workers that
-    /// disagree on the partition count, during a rollout). It is never forwarded again.
-    NotOwned,
+    /// Nowhere: a request marked forwarded for a thread this worker does not own either (workers that disagree on
+    /// the partition count during a rollout, or a client that set the header itself). It answers 421 Misdirected
+    /// Request: never forwarded again, and no store read here (a client's header cannot turn cache hits into store
+    /// reads); the forwarding worker answers it as for a silent owner.
+    Misdirected,
     /// The owner's answer, passed back as it is.
     Forwarded(Response<Body>),
-    /// The owner gave no answer in time (counted, and warned about at most once a second).
+    /// The owner gave no answer in time, or answered 421 (it does not own the thread either): counted, and warned
+    /// about at most once a second.
     OwnerSilent,
 }
 
@@ -107,7 +113,7 @@ pub(super) async fn route(
         }
         Some(_) if headers.contains_key(FORWARDED_HEADER) => {
             state.metrics.http.read_route(ReadRoute::Loop);
-            return Routed::NotOwned;
+            return Routed::Misdirected;
         }
         Some(owner) => owner,
     };
@@ -125,6 +131,16 @@ pub(super) async fn route(
         Forward::Feed => peers.forward_stream(partition, uri, headers).await,
     };
     match forwarded {
+        Ok(response) if response.status() == StatusCode::MISDIRECTED_REQUEST => {
+            state.metrics.http.read_route(ReadRoute::Misdirected);
+            if peers.warnings.allow() {
+                tracing::warn!(
+                    partition,
+                    "the worker a request was forwarded to does not own its thread either (do the workers agree on HISTORY_VIEW_PARTITIONS?); answered here as for a silent owner"
+                );
+            }
+            Routed::OwnerSilent
+        }
         Ok(response) => {
             state.metrics.http.read_route(ReadRoute::Forwarded);
             Routed::Forwarded(response)

@@ -208,6 +208,12 @@ async fn items_and_the_conversation_answer_errors_in_the_history_shape() {
         ("limit=0", "invalid_query"),
         ("limit=101", "invalid_query"),
         ("limit=x", "invalid_query"),
+        // Numbers are plain decimal digits: no sign, no leading zero, no space.
+        ("limit=+5", "invalid_query"),
+        ("limit=%2B5", "invalid_query"),
+        ("limit=05", "invalid_query"),
+        ("limit=%205", "invalid_query"),
+        ("wait_for_run=r&wait_ms=0100", "invalid_query"),
         ("order=up", "invalid_query"),
         ("after=msg_0123", "invalid_cursor"),
         (

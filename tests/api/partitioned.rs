@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
+use chat_history_view::http::FORWARDED_HEADER;
 use chat_history_view::partition::{Partitioning, StreamSettings, owner};
 use chat_history_view::project::project;
 use futures_util::StreamExt;
@@ -497,8 +498,10 @@ async fn the_owner_frozen_killed_and_restarted_leaves_every_read_answered() {
 }
 
 /// Workers started with different partition counts (a rollout): a read forwarded by one to a worker that does not
-/// own the thread either is answered from the store and counted as a loop, never forwarded again; a worker whose
-/// count disagrees with the existing partitioned stream is refused at start.
+/// own the thread either is refused there with 421 (counted as a loop, never forwarded again, no store read) and
+/// answered by the forwarding worker from the store; a worker whose count disagrees with the existing partitioned
+/// stream is refused at start. A client that sets the forwarded marker itself gains nothing: a worker that does not
+/// own the thread answers 421 without reading the store, the owner answers an ordinary read (from memory).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_that_disagree_on_the_partition_count_answer_correctly_without_a_loop() {
     let mut deployment = Deployment::new(["UserAgent".into(), "A".into()].into()).await;
@@ -541,13 +544,50 @@ async fn workers_that_disagree_on_the_partition_count_answer_correctly_without_a
         .find(|t| owner(t, 2) == 1 && owner(t, 3) != 1)
         .unwrap();
     let expected = deployment.answered(&thread).await;
+    let queries = |metrics: &str| metric_sum(metrics, "history_view_store_queries_total");
+    let misdirected_queries = queries(&deployment.api(1).metrics().await);
     for _ in 0..3 {
         let reply = two.api.history(&thread, "").await;
         assert_eq!(reply.status, 200, "{}", reply.body);
         assert_eq!(reply.json()["messages"], expected);
         assert_eq!(reply.source(), Some("store"));
     }
-    assert_eq!(routes(&two.api.metrics().await, "forwarded"), 3.0);
-    assert_eq!(routes(&deployment.api(1).metrics().await, "loop"), 3.0);
-    assert_eq!(routes(&deployment.api(1).metrics().await, "forwarded"), 0.0);
+    let two_metrics = two.api.metrics().await;
+    assert_eq!(routes(&two_metrics, "misdirected"), 3.0);
+    assert_eq!(routes(&two_metrics, "forwarded"), 0.0);
+    let one = deployment.api(1).metrics().await;
+    assert_eq!(routes(&one, "loop"), 3.0);
+    assert_eq!(routes(&one, "forwarded"), 0.0);
+    assert_eq!(
+        metric(&one, "history_view_read_errors_total{code=\"421\"}"),
+        3.0
+    );
+    assert_eq!(
+        queries(&one),
+        misdirected_queries,
+        "no store read on the worker that does not own it"
+    );
+
+    // The marker set by a client: 421 from a worker that does not own the thread (no store read), an ordinary read
+    // from the owner.
+    let owner = owner(&thread, 3);
+    let other = (owner + 1) % 3;
+    let marked = [(FORWARDED_HEADER, "0")];
+    let path = format!("/v1/threads/{thread}/history");
+    let before = queries(&deployment.api(other).metrics().await);
+    for _ in 0..3 {
+        let refused = deployment.api(other).get(&path, &marked).await;
+        assert_eq!(refused.status, 421, "{}", refused.body);
+        assert_eq!(refused.json()["error"]["code"], "misdirected");
+    }
+    assert_eq!(queries(&deployment.api(other).metrics().await), before);
+    read_until_cache(deployment.api(owner), &thread, "").await;
+    let read = deployment.api(owner).get(&path, &marked).await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    assert_eq!(read.json()["messages"], expected);
+    assert_eq!(
+        read.source(),
+        Some("cache"),
+        "the marker does not skip the owner's cache"
+    );
 }
