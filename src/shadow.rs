@@ -33,7 +33,7 @@ pub struct ShadowSettings {
     pub sample: f64,
 
     /// Most shadow checks started per second, 1 to 10000; a sampled read beyond it is dropped and counted, never
-    /// queued.
+    /// queued. Verify requests have a budget of their own at the same rate (beyond it 429, counted refused).
     #[arg(id = "shadow_max_per_sec", value_name = "SHADOW_MAX_PER_SEC", long = "shadow-max-per-sec", env = "HISTORY_VIEW_SHADOW_MAX_PER_SEC", default_value = "5", value_parser = rate)]
     pub max_per_sec: u32,
 
@@ -136,10 +136,16 @@ pub enum Verdict {
     Dropped,
     /// The store did not answer the check's query.
     Error,
+    /// `verify` of a view that is not complete: nothing it holds was promised, so it is not compared (no store
+    /// query) and never a failure.
+    NotComplete,
+    /// `verify` beyond its own budget (`HISTORY_VIEW_SHADOW_MAX_PER_SEC` a second), or of a thread being verified:
+    /// refused with 429, not compared.
+    Refused,
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 9] = [
+    pub const ALL: [Verdict; 11] = [
         Verdict::Match,
         Verdict::Ahead,
         Verdict::Uncertain,
@@ -149,6 +155,8 @@ impl Verdict {
         Verdict::Missing,
         Verdict::Dropped,
         Verdict::Error,
+        Verdict::NotComplete,
+        Verdict::Refused,
     ];
 
     pub fn label(self) -> &'static str {
@@ -162,6 +170,8 @@ impl Verdict {
             Verdict::Missing => "missing",
             Verdict::Dropped => "dropped",
             Verdict::Error => "error",
+            Verdict::NotComplete => "not_complete",
+            Verdict::Refused => "refused",
         }
     }
 
@@ -406,7 +416,8 @@ pub fn compare(
 }
 
 /// Admits samples: a fraction of the reads, at most `max_per_sec` a second (a token bucket of one second's
-/// worth; a sample beyond it is dropped, never queued), one check per thread at a time.
+/// worth; a sample beyond it is dropped, never queued), one check per thread at a time. `verify` has one of its own
+/// that draws every request (`sample` 1): its budget.
 pub struct Sampler {
     /// `sample` as a threshold over 64-bit draws (0: never, `u64::MAX`: always).
     threshold: u64,

@@ -259,7 +259,9 @@ impl ShadowMetrics {
             "Shadow checks of reads answered from memory (and verify requests), by result: their worst finding, \
              match, ahead, uncertain, window (a failure a gap followed within the window), late, differs or \
              missing (late, differs and missing are failures); dropped (a sampled read not checked: over \
-             HISTORY_VIEW_SHADOW_MAX_PER_SEC, or its thread being checked); error (the store did not answer).",
+             HISTORY_VIEW_SHADOW_MAX_PER_SEC, or its thread being checked); error (the store did not answer); \
+             not_complete (a verify of a view not complete, not compared); refused (a verify beyond its own \
+             budget of HISTORY_VIEW_SHADOW_MAX_PER_SEC, or of a thread being verified: answered 429).",
             &["result"],
         );
         let metrics = Self {

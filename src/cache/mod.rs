@@ -52,7 +52,7 @@ pub use items::{ItemId, Items};
 pub use limit::LimitPath;
 pub use metrics::{CacheMetrics, ShadowMetrics};
 pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
-pub use shadow::VerifyReport;
+pub use shadow::{Verified, VerifyReport};
 pub use transcript::Transcript;
 
 use crate::coverage::Coverage;

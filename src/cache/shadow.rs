@@ -2,10 +2,11 @@
 //! a [`Snapshot`]; once the persister-lag bound has passed, the thread's two-stage query runs on the checks' own
 //! pool and slots, the rows are compared with the snapshot, the result is counted (a failure is logged with
 //! metadata only), and a failure heals: the thread's view is made partial, so its next read hydrates. The same
-//! comparison runs on demand ([`ViewCache::verify`]).
+//! comparison runs on demand ([`ViewCache::verify`]), within a budget of its own and only of a complete view.
 //!
 //! A check never delays a read or a hydration: it takes no hydration slot, its queries use their own connection
-//! pool, and a sample beyond the rate limit (or for a thread being checked) is dropped, never queued.
+//! pool, and a sample beyond the rate limit (or for a thread being checked) is dropped, never queued. A verify
+//! beyond its budget (or of a thread being verified) is refused, never queued.
 
 use std::time::SystemTime;
 
@@ -35,6 +36,9 @@ pub struct Checks {
     /// How long after a read a lost connection may still be noticed.
     window: std::time::Duration,
     sampler: Sampler,
+    /// `verify`'s budget: a sampler that draws every request, at the sampled checks' rate but a bucket of its own,
+    /// so that neither starves the other ([design 2.1.6](../../docs/design.md#2.1.6)).
+    verifies: Sampler,
     slots: Semaphore,
     warnings: RateLimit,
 }
@@ -43,6 +47,7 @@ impl Checks {
     pub fn new(settings: ShadowSettings, bounds: StoreBounds, window: std::time::Duration) -> Self {
         Self {
             sampler: Sampler::new(settings.sample, settings.max_per_sec, Instant::now()),
+            verifies: Sampler::new(1.0, settings.max_per_sec, Instant::now()),
             settings,
             bounds,
             window,
@@ -66,12 +71,38 @@ struct ReadMark {
     gaps: u64,
 }
 
+/// What `verify` came to.
+#[derive(Debug)]
+pub enum Verified {
+    /// The comparison of a complete view, or (`not_complete`) what a view that is not complete is.
+    Report(VerifyReport),
+    /// The thread is not in this worker's cache.
+    NotCached,
+    /// Beyond verify's budget, or its thread is being verified: counted `refused`, not compared. The bucket refills
+    /// at least one verify a second (`HISTORY_VIEW_SHADOW_MAX_PER_SEC` is at least 1), so a second later it may pass.
+    Refused,
+}
+
+/// A verify admitted by its budget: its thread may be verified again once this is dropped, also when the request
+/// is cancelled mid-comparison (its client hung up).
+struct Verifying<'a> {
+    budget: &'a Sampler,
+    thread_id: &'a str,
+}
+
+impl Drop for Verifying<'_> {
+    fn drop(&mut self) {
+        self.budget.done(self.thread_id);
+    }
+}
+
 /// The answer of `POST /v1/threads/{thread_id}/verify`: metadata only.
 #[derive(Debug, Serialize)]
 pub struct VerifyReport {
     pub thread_id: String,
-    /// `complete` or `partial`: the view's state when it was compared.
+    /// `complete` or `partial`: the view's state when it was compared (or found not complete).
     pub view: &'static str,
+    /// The worst finding; `not_complete` for a view that is not complete (not compared: nothing was promised).
     pub result: Verdict,
     /// Events by finding.
     pub counts: std::collections::BTreeMap<&'static str, u64>,
@@ -248,32 +279,50 @@ impl<S: StoreReads> ViewCache<S> {
     }
 
     /// `POST /v1/threads/{thread_id}/verify`: the comparison now, against the thread's current view, healing as a
-    /// sampled check does. `None` when the thread is not cached.
+    /// sampled check does. Only a complete view is compared: a view that is not complete was never served as
+    /// complete (its reads hydrate), so it answers `not_complete`, no store query and no failure. Each verify of a
+    /// cached thread takes a token of verify's own budget first; beyond it, or while its thread is being verified,
+    /// it is refused (nothing else is done).
     ///
     /// # Errors
     /// [`ReadError`] when the store failed or no check slot freed within the store timeout.
-    pub async fn verify(&self, thread_id: &str) -> Result<Option<VerifyReport>, ReadError> {
+    pub async fn verify(&self, thread_id: &str) -> Result<Verified, ReadError> {
         let Some(entry) = self.cache.get(thread_id).await else {
-            return Ok(None);
+            return Ok(Verified::NotCached);
         };
-        let (snapshot, state) = {
+        let budget = &self.checks.verifies;
+        if budget.admit(thread_id, Instant::now()) != Admission::Admitted {
+            self.metrics.shadow.check(Verdict::Refused);
+            return Ok(Verified::Refused);
+        }
+        let _verifying = Verifying { budget, thread_id };
+        let snapshot = {
             let view = entry.lock_view(&self.metrics);
-            let state = view.state(self.coverage.epoch(entry.bucket));
-            (
-                Snapshot::of(thread_id, SystemTime::now(), view.events()),
-                state,
-            )
+            match view.state(self.coverage.epoch(entry.bucket)) {
+                ViewState::Complete => {
+                    Some(Snapshot::of(thread_id, SystemTime::now(), view.events()))
+                }
+                ViewState::Partial => None,
+            }
+        };
+        let Some(snapshot) = snapshot else {
+            self.metrics.shadow.check(Verdict::NotComplete);
+            return Ok(Verified::Report(VerifyReport {
+                thread_id: thread_id.to_owned(),
+                view: "partial",
+                result: Verdict::NotComplete,
+                counts: Finding::ALL.iter().map(|f| (f.label(), 0)).collect(),
+                divergent: Vec::new(),
+                healed: false,
+            }));
         };
         let comparison = self.compare_with_store(&snapshot).await?;
         let verdict = comparison.verdict();
         let healed = verdict.is_failure() && self.heal(thread_id).await;
         self.record(thread_id, verdict, &comparison);
-        Ok(Some(VerifyReport {
+        Ok(Verified::Report(VerifyReport {
             thread_id: thread_id.to_owned(),
-            view: match state {
-                ViewState::Complete => "complete",
-                ViewState::Partial => "partial",
-            },
+            view: "complete",
             result: verdict,
             counts: Finding::ALL
                 .iter()

@@ -9,12 +9,15 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{Answer, CacheSettings, CacheSetup, HistoryBody, ReadError, Source, ViewCache};
+use super::{
+    Answer, CacheSettings, CacheSetup, HistoryBody, ReadError, Source, Verified, VerifyReport,
+    ViewCache,
+};
 use crate::coverage::{self, Coverage};
 use crate::decode::{Decoded, ViewEvent, decode_payload};
 use crate::freshness::Freshness;
 use crate::metrics::Metrics;
-use crate::shadow::{ShadowSettings, StoredRow};
+use crate::shadow::{ShadowSettings, StoredRow, Verdict};
 use crate::store::{Bounds, Hydration, StoreBounds, StoreError, StoreReads, VisibleDisplays};
 use crate::subject::DeliveryKey;
 use crate::view::event_bytes;
@@ -258,15 +261,20 @@ impl Scene {
     }
 
     fn with_thread_limit(max_thread_bytes: usize) -> Self {
-        Self::build(max_thread_bytes, 0.0)
+        Self::build(max_thread_bytes, 0.0, 1_000)
     }
 
     /// Every read answered from memory is shadow-checked.
     fn shadowed() -> Self {
-        Self::build(64 << 20, 1.0)
+        Self::build(64 << 20, 1.0, 1_000)
     }
 
-    fn build(max_thread_bytes: usize, sample: f64) -> Self {
+    /// No sampled checks; `verify` within `max_per_sec` a second.
+    fn verify_budget(max_per_sec: u32) -> Self {
+        Self::build(64 << 20, 0.0, max_per_sec)
+    }
+
+    fn build(max_thread_bytes: usize, sample: f64, max_per_sec: u32) -> Self {
         let store = FakeStore::default();
         let coverage = Coverage::new(LAG);
         assert!(coverage.confirm_live(coverage.connection(), coverage.now()));
@@ -279,7 +287,7 @@ impl Scene {
             },
             shadow: ShadowSettings {
                 sample,
-                max_per_sec: 1_000,
+                max_per_sec,
                 clock_margin: Duration::from_secs(1),
             },
             bounds: StoreBounds {
@@ -635,9 +643,104 @@ async fn a_failure_followed_by_a_gap_counts_as_a_window_and_verify_reports_it_on
     // On demand: the view (hydrated again) holds the row now.
     scene.past_the_bound().await;
     scene.read().await.unwrap();
-    let report = scene.views.verify(THREAD).await.unwrap().unwrap();
-    assert_eq!(report.result, crate::shadow::Verdict::Match);
+    let report = verified(&scene.views).await;
+    assert_eq!(report.result, Verdict::Match);
     assert_eq!(report.counts["match"], 3);
     assert!(!report.healed);
-    assert!(scene.views.verify("not-cached").await.unwrap().is_none());
+    assert!(matches!(
+        scene.views.verify("not-cached").await,
+        Ok(Verified::NotCached)
+    ));
+}
+
+/// A verify of the thread that answered a report.
+async fn verified(views: &ViewCache<FakeStore>) -> VerifyReport {
+    match views.verify(THREAD).await {
+        Ok(Verified::Report(report)) => report,
+        other => panic!("a report expected, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn verify_has_a_budget_of_its_own_and_beyond_it_is_refused_without_a_store_query() {
+    let scene = Scene::verify_budget(2);
+    scene.complete_thread().await;
+    let queries = scene.store.calls(Query::Markers);
+    // The bucket holds one second's worth: two verifies, each one stage-1 query.
+    for _ in 0..2 {
+        assert_eq!(verified(&scene.views).await.result, Verdict::Match);
+    }
+    assert_eq!(scene.store.calls(Query::Markers), queries + 2);
+    for _ in 0..50 {
+        assert!(matches!(
+            scene.views.verify(THREAD).await,
+            Ok(Verified::Refused)
+        ));
+    }
+    assert_eq!(
+        scene.store.calls(Query::Markers),
+        queries + 2,
+        "refused: no query"
+    );
+    assert_eq!(shadow_checks(&scene.views, "refused"), 50.0);
+    assert_eq!(shadow_checks(&scene.views, "match"), 2.0);
+
+    // Half a second refills one token.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(verified(&scene.views).await.result, Verdict::Match);
+    assert!(matches!(
+        scene.views.verify(THREAD).await,
+        Ok(Verified::Refused)
+    ));
+
+    // One verify of a thread at a time: a second while the first waits on the store is refused, even with tokens.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    scene.store.hold(Query::Markers);
+    let views = scene.views.clone();
+    let first = tokio::spawn(async move { views.verify(THREAD).await });
+    scene.store.reached(Query::Markers, queries + 4).await;
+    assert!(matches!(
+        scene.views.verify(THREAD).await,
+        Ok(Verified::Refused)
+    ));
+    // Its client hangs up: the thread may be verified again.
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    scene.store.release(Query::Markers);
+    assert_eq!(verified(&scene.views).await.result, Verdict::Match);
+    // A thread not cached costs no token.
+    assert!(matches!(
+        scene.views.verify("not-cached").await,
+        Ok(Verified::NotCached)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn verify_of_a_view_not_complete_answers_not_complete_and_counts_no_failure() {
+    let scene = Scene::verify_budget(5);
+    scene.stored_turn();
+    // Within the bound after coverage started: the view is partial, never served as complete.
+    assert_eq!(scene.read().await.unwrap().source, Source::Store);
+    // A row the view lacks, surely stored long before (the fake's rows are all that old).
+    scene.store.persist(&chunk("d1", "unseen", 3, "backfilled"));
+    let queries = scene.store.calls(Query::Markers);
+    let report = verified(&scene.views).await;
+    assert_eq!(report.result, Verdict::NotComplete);
+    assert_eq!(report.view, "partial");
+    assert!(!report.healed);
+    assert!(report.divergent.is_empty());
+    assert_eq!(report.counts["missing"], 0);
+    assert_eq!(scene.store.calls(Query::Markers), queries, "not compared");
+    assert_eq!(shadow_checks(&scene.views, "not_complete"), 1.0);
+    for failure in ["missing", "late", "differs"] {
+        assert_eq!(shadow_checks(&scene.views, failure), 0.0, "{failure}");
+    }
+
+    // Completed by its re-read past the bound, it holds the row: compared now, it matches.
+    scene.past_the_bound().await;
+    settle().await;
+    let report = verified(&scene.views).await;
+    assert_eq!(report.view, "complete");
+    assert_eq!(report.result, Verdict::Match);
+    assert_eq!(report.counts["match"], 3);
 }

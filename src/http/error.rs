@@ -43,6 +43,11 @@ pub enum ApiError {
     /// `verify` of a thread this worker does not hold in its cache.
     #[error("the thread is not in this worker's cache; nothing to verify")]
     NotCached,
+    /// `verify` beyond its budget (`HISTORY_VIEW_SHADOW_MAX_PER_SEC` a second), or of a thread being verified.
+    #[error(
+        "too many verify requests (at most HISTORY_VIEW_SHADOW_MAX_PER_SEC a second, one a thread at a time); try again"
+    )]
+    VerifyLimited,
     /// `verify` of a thread another partitioned worker owns, which did not answer in time.
     #[error("the worker owning this thread did not answer; try again")]
     OwnerUnreachable,
@@ -74,6 +79,7 @@ impl ApiError {
             ApiError::NotCached => (StatusCode::NOT_FOUND, "thread_not_cached"),
             ApiError::OwnerUnreachable => (StatusCode::SERVICE_UNAVAILABLE, "owner_unreachable"),
             ApiError::Misdirected => (StatusCode::MISDIRECTED_REQUEST, "misdirected"),
+            ApiError::VerifyLimited => (StatusCode::TOO_MANY_REQUESTS, "verify_limited"),
         }
     }
 }
@@ -118,7 +124,11 @@ impl IntoResponse for ApiError {
             ApiError::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            ApiError::StoreUnavailable(_) | ApiError::Overloaded | ApiError::OwnerUnreachable => {
+            // A verify's budget refills at least one a second.
+            ApiError::StoreUnavailable(_)
+            | ApiError::Overloaded
+            | ApiError::OwnerUnreachable
+            | ApiError::VerifyLimited => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}
@@ -153,5 +163,12 @@ mod tests {
             ApiError::from_read(ReadError::TooLarge { limit: 1 << 20 }, "t").into_response();
         assert_eq!(too_large.status(), StatusCode::INSUFFICIENT_STORAGE);
         assert!(too_large.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn a_verify_beyond_its_budget_is_a_429_with_retry_after() {
+        let refused = ApiError::VerifyLimited.into_response();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
     }
 }

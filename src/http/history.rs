@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use super::read::{Read, ThreadRequest, read, respond};
 use super::route::{Forward, Routed, route};
 use super::{ApiError, AppState};
-use crate::cache::HistoryBody;
+use crate::cache::{HistoryBody, Verified};
 
 /// `GET /v1/threads/{thread_id}/history`.
 pub async fn get_history(
@@ -28,8 +28,8 @@ pub async fn get_history(
 }
 
 /// `POST /v1/threads/{thread_id}/verify`: the shadow comparison now, against the view of the thread's worker (this
-/// one, or the owner among partitioned workers, which the request is forwarded to). The identity and the other
-/// query parameters are ignored.
+/// one, or the owner among partitioned workers, which the request is forwarded to): 429 beyond verify's budget, and
+/// `not_complete` for a view that is not complete. The identity and the other query parameters are ignored.
 pub async fn verify(
     State(state): State<AppState>,
     request: ThreadRequest,
@@ -50,8 +50,9 @@ pub async fn verify(
         Routed::Misdirected => return Err(ApiError::Misdirected),
     }
     match state.views.verify(thread).await {
-        Ok(Some(report)) => Ok(axum::Json(report).into_response()),
-        Ok(None) => Err(ApiError::NotCached),
+        Ok(Verified::Report(report)) => Ok(axum::Json(report).into_response()),
+        Ok(Verified::NotCached) => Err(ApiError::NotCached),
+        Ok(Verified::Refused) => Err(ApiError::VerifyLimited),
         Err(error) => Err(ApiError::from_read(error, thread)),
     }
 }

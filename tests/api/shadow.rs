@@ -2,7 +2,8 @@
 //! healed (`missing`: in the store before the read, never published; `late`: persisted beyond the bound for an
 //! event missed during a cut link; `differs`: stored in another form than published), no false alarm under the
 //! multi-turn workload with a persister lagging within the bound, the covered-through instant on every answer, and
-//! `verify` on demand. The comparison's rules are unit-tested in `src/shadow.rs`, the orchestration on a paused
+//! `verify` on demand: within its own budget (a burst beyond it is refused with 429, its store queries bounded),
+//! and `not_complete`, never a failure, for a view that is not complete. The comparison's rules are unit-tested in `src/shadow.rs`, the orchestration on a paused
 //! clock in `src/cache/tests.rs`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -275,4 +276,143 @@ async fn verify_compares_a_cached_thread_now_and_heals_it() {
         "history_view_covered_through_age_seconds",
     );
     assert!((0.0..5.0).contains(&age), "{age}");
+}
+
+/// The sum of `history_view_store_queries_total` over its kinds.
+async fn store_queries(api: &Api) -> f64 {
+    metric_sum(&api.metrics().await, "history_view_store_queries_total")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_verifies_beyond_their_budget_is_refused_with_retry_after_and_queries_stay_bounded()
+ {
+    const BURST: usize = 200;
+    const PER_SEC: f64 = 5.0;
+    let scene = Scene::new().await;
+    // No sampled checks: every store query below is a verify's.
+    let app = scene
+        .worker(
+            scene.nats.url(),
+            &[
+                ("HISTORY_VIEW_SHADOW_SAMPLE", "0"),
+                ("HISTORY_VIEW_SHADOW_MAX_PER_SEC", "5"),
+            ],
+        )
+        .await;
+    let threads: Vec<String> = (0..8).map(|k| format!("t-burst-{k}")).collect();
+    for thread in &threads {
+        scene.warm(&app.api, thread).await;
+    }
+    let before = store_queries(&app.api).await;
+    let started = std::time::Instant::now();
+    let replies = join_all((0..BURST).map(|k| {
+        let path = format!("/v1/threads/{}/verify", encode(&threads[k % threads.len()]));
+        let api = app.api.clone();
+        async move { api.post(&path).await }
+    }))
+    .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let queries = store_queries(&app.api).await - before;
+
+    let mut answered = 0usize;
+    let mut refused = 0usize;
+    for reply in &replies {
+        match reply.status {
+            200 => {
+                answered += 1;
+                assert_eq!(reply.json()["result"], "match", "{}", reply.body);
+            }
+            429 => {
+                refused += 1;
+                assert_eq!(reply.json()["error"]["code"], "verify_limited");
+                let retry: u64 = reply
+                    .header("retry-after")
+                    .unwrap_or_else(|| panic!("no Retry-After: {:?}", reply.headers))
+                    .parse()
+                    .expect("whole seconds");
+                assert!(retry >= 1);
+            }
+            other => panic!("{other}: {}", reply.body),
+        }
+    }
+    // The bucket holds one second's worth and refills PER_SEC a second: whatever the timing, no more passed.
+    let budget = PER_SEC * (1.0 + elapsed);
+    assert!(
+        (answered as f64) <= budget,
+        "{answered} verifies answered in {elapsed:.2} s"
+    );
+    assert!(refused > 0, "{answered} answered in {elapsed:.2} s");
+    // Each answered verify costs its two stage queries at most; a refused one none.
+    assert!(
+        queries <= (2 * answered) as f64,
+        "{queries} store queries for {answered} verifies"
+    );
+    let metrics = app.api.metrics().await;
+    assert_eq!(checks(&metrics, "refused"), refused as f64);
+    assert_eq!(checks(&metrics, "match"), answered as f64);
+    assert_eq!(
+        metric(&metrics, "history_view_read_errors_total{code=\"429\"}"),
+        refused as f64
+    );
+
+    // A second later the budget admits again.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let again = app
+        .api
+        .post(&format!("/v1/threads/{}/verify", encode(&threads[0])))
+        .await;
+    assert_eq!(again.status, 200, "{}", again.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_of_a_view_not_complete_answers_not_complete_and_raises_no_alarm() {
+    let scene = Scene::new().await;
+    // A long bound: a read within it after the worker started leaves the view partial (never served as complete)
+    // for as long.
+    let app = scene
+        .worker(
+            scene.nats.url(),
+            &[
+                ("HISTORY_VIEW_SHADOW_SAMPLE", "0"),
+                ("HISTORY_VIEW_PERSIST_LAG_MS", "60000"),
+            ],
+        )
+        .await;
+    let thread = "t-partial";
+    scene
+        .store
+        .insert_rows(&[crate::helpers::user_row(thread, "d1", "e1", now_ns(0), "Q")])
+        .await;
+    let read = app.api.history(thread, "").await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    assert_eq!(read.source(), Some("store"));
+    // A row the view lacks, surely stored before the verify below (its `_id` time plus a second plus the margin).
+    let backfill = chunk_row(thread, "d1", "A", "e2", now_ns(1), "backfilled");
+    scene.store.insert_rows(&[backfill]).await;
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+
+    let before = store_queries(&app.api).await;
+    let path = format!("/v1/threads/{}/verify", encode(thread));
+    let verified = app.api.post(&path).await;
+    assert_eq!(verified.status, 200, "{}", verified.body);
+    let report: Value = verified.json();
+    assert_eq!(report["result"], "not_complete", "{report}");
+    assert_eq!(report["view"], "partial", "{report}");
+    assert_eq!(report["healed"], false);
+    assert_eq!(report["counts"]["missing"], 0);
+    assert_eq!(report["divergent"], json!([]));
+    let metrics = app.api.metrics().await;
+    assert_eq!(
+        metric_sum(&metrics, "history_view_store_queries_total"),
+        before,
+        "not compared: no store query"
+    );
+    assert_eq!(checks(&metrics, "not_complete"), 1.0);
+    for failure in ["missing", "late", "differs"] {
+        assert_eq!(checks(&metrics, failure), 0.0, "{failure}:\n{metrics}");
+    }
+    // The reads still hydrate and answer what the store holds.
+    let again = app.api.history(thread, "").await;
+    assert_eq!(again.source(), Some("store"));
+    assert!(again.body.contains("backfilled"), "{}", again.body);
 }
