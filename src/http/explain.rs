@@ -33,7 +33,7 @@ pub async fn explain(
                 .row_metadata(thread)
                 .await
                 .map_err(|error| ApiError::from_read(error, thread))?;
-            let explanation = join(thread, &answer.body, &rows);
+            let explanation = join(thread, &answer.body, &rows.rows);
             // Serialising strings, numbers and maps of them cannot fail.
             let body = Bytes::from(serde_json::to_vec(&explanation).unwrap_or_default());
             let etag = etag_of(&body);
