@@ -2,7 +2,9 @@
 //!
 //! **Lock order** (a lock may be taken while holding those before it, never the other way):
 //! `view` → `waiting`, and `view` → `rendering`. The store side's state ([`StoreSide`], in [`super::work`]) is
-//! taken alone. All are std mutexes held for a few steps of CPU work, never across an `.await`.
+//! taken alone. All are std mutexes held for a few steps of CPU work, never across an `.await`. The cache's two
+//! semaphores, held across a store read, are taken outside all of them: a permit of the explain share before a
+//! hydration slot, never the other way ([`super::scan`]).
 //!
 //! **Who holds what:**
 //! - The **view** is held by a reader rendering it, a hydration or fill merging into it, or the live path

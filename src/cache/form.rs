@@ -102,6 +102,9 @@ pub trait Form: Sized {
     /// Whether this form needs each event's fate: its projection is then traced
     /// ([`crate::project::project_view_traced`]).
     const TRACED: bool = false;
+    /// Whether reads in this form are explains: their store work runs within the explain share
+    /// ([`super::scan`]), so that explains cannot take the hydration slots history reads need.
+    const EXPLAIN: bool = false;
     /// Renders the form from a projection of the view, and its trace when [`Form::TRACED`] (empty otherwise).
     fn render(thread_id: &str, projection: &Projection, trace: &Trace<'_>) -> Self;
     /// Where a rendering keeps this form.
@@ -198,6 +201,7 @@ impl Form for Transcript {
 
 impl Form for ViewFates {
     const TRACED: bool = true;
+    const EXPLAIN: bool = true;
 
     fn render(_thread_id: &str, projection: &Projection, trace: &Trace<'_>) -> Self {
         ViewFates::new(projection, trace)

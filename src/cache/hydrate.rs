@@ -15,10 +15,9 @@ use super::work::{Begin, Outcome, Ticket};
 use super::{LimitPath, ReadError, ViewCache};
 use crate::coverage::{Stamp, Verdict};
 use crate::decode::ViewEvent;
-use crate::explain::RowMeta;
 use crate::freshness;
 use crate::project::Identity;
-use crate::store::{Bounds, Hydration, Store, StoreError, StoreReads, VisibleDisplays};
+use crate::store::{Bounds, Hydration, StoreError, StoreReads, VisibleDisplays};
 use crate::view::{ThreadView, ViewState, display_bytes};
 
 impl<S: StoreReads> ViewCache<S> {
@@ -54,11 +53,7 @@ impl<S: StoreReads> ViewCache<S> {
     ) -> Result<(), ReadError> {
         let deadline = self.bounds.store_deadline();
         // Waiting for a slot counts against the read's store timeout.
-        let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
-        else {
-            self.metrics.cache.hydration_slot_timeout();
-            return Err(ReadError::Busy);
-        };
+        let _slot = self.hydration_slot(deadline).await?;
         let start = self.coverage.read_start_now(entry.bucket, entry.floor);
         let covers_through = freshness::millis(self.store_covers_through());
         let (visible, events) = match self
@@ -130,11 +125,13 @@ impl<S: StoreReads> ViewCache<S> {
         primary: Option<&Identity>,
     ) -> Result<Answer<F>, ReadError> {
         let deadline = self.bounds.store_deadline();
-        let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
-        else {
-            self.metrics.cache.hydration_slot_timeout();
-            return Err(ReadError::Busy);
+        // An explain's read runs within the explain share ([`super::scan`]).
+        let _share = if F::EXPLAIN {
+            Some(self.explain_permit(deadline).await?)
+        } else {
+            None
         };
+        let _slot = self.hydration_slot(deadline).await?;
         let covers_through = self.store_covers_through();
         let (visible, events) = self
             .read_thread(thread_id, Hydration::OnRead, deadline)
@@ -149,6 +146,23 @@ impl<S: StoreReads> ViewCache<S> {
         );
         answer.covered_through = Some(covers_through);
         Ok(answer)
+    }
+
+    /// A hydration slot, waited for until `deadline`.
+    ///
+    /// # Errors
+    /// [`ReadError::Busy`] when none freed in time (counted).
+    pub(super) async fn hydration_slot(
+        &self,
+        deadline: Instant,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, ReadError> {
+        match tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await {
+            Ok(Ok(slot)) => Ok(slot),
+            _ => {
+                self.metrics.cache.hydration_slot_timeout();
+                Err(ReadError::Busy)
+            }
+        }
     }
 
     /// The two-stage query of `thread_id` ([contract 4](../../docs/contract.md#4)) within `deadline` and
@@ -199,7 +213,7 @@ impl<S: StoreReads> ViewCache<S> {
 
     /// A store read stopped by its budget is a read past the per-thread limit: warned about (rate-limited, metadata
     /// only) and named by the limit; other errors pass through.
-    fn limit_met(&self, error: StoreError, thread_id: &str) -> StoreError {
+    pub(super) fn limit_met(&self, error: StoreError, thread_id: &str) -> StoreError {
         let StoreError::TooLarge { .. } = error else {
             return error;
         };
@@ -259,29 +273,5 @@ impl<S: StoreReads> ViewCache<S> {
                 }
             }
         }
-    }
-}
-
-impl ViewCache<Store> {
-    /// Every stored row of `thread_id` without its payload, for `explain` ([`Store::row_metadata`]): bounded like
-    /// a hydration (a slot, the store timeout, `HISTORY_VIEW_MAX_THREAD_BYTES`).
-    ///
-    /// # Errors
-    /// [`ReadError`] as for a hydration.
-    pub async fn row_metadata(&self, thread_id: &str) -> Result<Vec<RowMeta>, ReadError> {
-        let deadline = self.bounds.store_deadline();
-        let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.hydration_slots.acquire()).await
-        else {
-            self.metrics.cache.hydration_slot_timeout();
-            return Err(ReadError::Busy);
-        };
-        let bounds = Bounds {
-            deadline,
-            budget: self.settings.max_thread_bytes,
-        };
-        self.store
-            .row_metadata(thread_id, bounds)
-            .await
-            .map_err(|error| self.limit_met(error, thread_id).into())
     }
 }

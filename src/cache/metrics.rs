@@ -132,8 +132,8 @@ impl CacheMetrics {
             hydration_slot_timeouts: registrar.counter(
                 "history_view_hydration_slot_timeouts_total",
                 "Store reads of whole threads (hydrations, background re-reads, uncached reads, explain's row \
-                 metadata) that found no free slot of HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS within the store \
-                 timeout; a read among them answers 503.",
+                 metadata) that found no free slot of HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS (for an explain: of \
+                 the explains' half of them) within the store timeout; a read among them answers 503.",
             ),
             thread_limit_exceeded: registrar.counter_vec(
                 "history_view_thread_limit_exceeded_total",

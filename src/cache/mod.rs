@@ -6,13 +6,14 @@
 //!   held, and marks it complete only if the persister-lag rule allows it ([design 2.1.1], [`crate::coverage`]); a
 //!   view held partial only by the bound gets one background re-read once it has passed.
 //! - A live marker on a display a complete view has not read queues a fill of that display, off the read path.
+//! - Explains share one row scan per thread and hold at most half the store-read slots ([`scan`]).
 //! - Memory is bounded by a byte budget, and one thread by `HISTORY_VIEW_MAX_THREAD_BYTES`.
 //!
 //! Why each case (start, reconnect, gap, eviction, re-weigh, store outage, hydration racing live events, fills)
 //! keeps the promise is argued once, in [design 2.1.1] and [design 2].
 //!
 //! One job a file: `entry.rs` (an entry and its lock order), `work.rs` (the store side's state machine),
-//! `hydrate.rs` (hydrations and re-reads), `fill.rs` (fills), `form.rs` (what a read asks for and gets),
+//! `hydrate.rs` (hydrations and re-reads), `fill.rs` (fills), `scan.rs` (explain's row scans and share), `form.rs` (what a read asks for and gets),
 //! `render.rs` (rendering once per version), `limit.rs` (the per-thread limit), `metrics.rs` (the cache's and the
 //! shadow checks' metrics), `settings.rs`; this file holds the public read API and the moka cache. The store is read
 //! through [`StoreReads`], so `tests.rs` runs every race here on an in-memory store and tokio's paused clock.
@@ -29,6 +30,7 @@ mod items;
 mod limit;
 mod metrics;
 mod render;
+mod scan;
 mod settings;
 mod shadow;
 #[cfg(test)]
@@ -37,7 +39,7 @@ mod transcript;
 mod work;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use moka::future::Cache;
@@ -51,6 +53,7 @@ pub use form::{Answer, Facts, Form, HistoryBody, Source};
 pub use items::{ItemId, Items};
 pub use limit::LimitPath;
 pub use metrics::{CacheMetrics, ShadowMetrics};
+pub use scan::RowScan;
 pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use shadow::{Verified, VerifyReport};
 pub use transcript::Transcript;
@@ -82,8 +85,9 @@ pub struct CacheSetup {
     pub gap_window: Duration,
 }
 
-/// Why a read could not be answered (the view stays partial).
-#[derive(Debug, thiserror::Error)]
+/// Why a read could not be answered (the view stays partial). Clone: explains sharing one row scan each get its
+/// failure.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ReadError {
     /// The view needed the store and the store failed.
     #[error(transparent)]
@@ -129,6 +133,13 @@ pub struct ViewCache<S = Store> {
     /// One permit per store read of a whole thread allowed at once (`HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS`): each
     /// may hold a thread's events in memory.
     hydration_slots: Arc<tokio::sync::Semaphore>,
+    /// The explain share ([`scan`]): explains take a permit of it before a hydration slot, so they hold at most
+    /// half the slots.
+    explain_share: Arc<tokio::sync::Semaphore>,
+    /// Explain's row scans in flight, by thread: concurrent explains of a thread share one ([`scan`]).
+    scans: Cache<String, Arc<RowScan>>,
+    /// Row scans finished so far: tells a scan left behind from one an explain may share.
+    scans_finished: Arc<AtomicU64>,
     /// Rate limits of the warnings about threads without a visible marker, and about reads stopped by the limit.
     no_marker_warnings: Arc<RateLimit>,
     too_large_warnings: Arc<RateLimit>,
@@ -150,6 +161,9 @@ impl<S> Clone for ViewCache<S> {
             stop: self.stop.clone(),
             fills: self.fills.clone(),
             hydration_slots: Arc::clone(&self.hydration_slots),
+            explain_share: Arc::clone(&self.explain_share),
+            scans: self.scans.clone(),
+            scans_finished: Arc::clone(&self.scans_finished),
             no_marker_warnings: Arc::clone(&self.no_marker_warnings),
             too_large_warnings: Arc::clone(&self.too_large_warnings),
             checks: Arc::clone(&self.checks),
@@ -177,12 +191,21 @@ impl<S: StoreReads> ViewCache<S> {
             .weigher(|_thread: &String, entry: &Arc<Entry>| entry.charge())
             .time_to_idle(settings.idle)
             .build_with_hasher(foldhash::quality::RandomState::default());
+        let share = scan::share_of(settings.concurrent_hydrations);
+        // A scan leaves this cache as soon as its runner has it; the bounds only matter for one left behind.
+        let scans = Cache::builder()
+            .max_capacity(share as u64)
+            .time_to_live(bounds.store_timeout)
+            .build();
         let (fills, requests) = mpsc::channel(FILL_QUEUE);
         metrics.cache.budget(settings.max_bytes);
         let views = Self {
             cache,
             store: Arc::new(store),
             hydration_slots: Arc::new(tokio::sync::Semaphore::new(settings.concurrent_hydrations)),
+            explain_share: Arc::new(tokio::sync::Semaphore::new(share)),
+            scans,
+            scans_finished: Arc::default(),
             checks: Arc::new(shadow::Checks::new(shadow, bounds, gap_window)),
             freshness,
             settings: Arc::new(settings),
@@ -244,6 +267,17 @@ impl<S: StoreReads> ViewCache<S> {
             return Ok(answer);
         }
         self.metrics.cache.miss();
+        // An explain's hydration runs within the explain share ([`scan`]): its permit is taken before the store job
+        // starts, so a history read that joins the job never waits behind explains beyond their share.
+        let _share = if F::EXPLAIN {
+            let permit = self.explain_permit(self.bounds.store_deadline()).await?;
+            if let Some(answer) = self.complete_answer(&entry, primary, Source::Store) {
+                return Ok(answer);
+            }
+            Some(permit)
+        } else {
+            None
+        };
         loop {
             if entry.too_large.load(Ordering::Acquire) {
                 return Err(self.too_large());

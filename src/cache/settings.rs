@@ -25,7 +25,8 @@ pub struct CacheSettings {
 
     /// Most store reads of whole threads (hydrations and background re-reads) at once, 1 to 1024; a read beyond it
     /// waits for one to finish within its store timeout, then answers 503. Each may hold up to a thread's events in
-    /// memory. The default is the MongoDB driver's connection pool size.
+    /// memory. The default is the MongoDB driver's connection pool size. Explains hold at most half of them (at least
+    /// one), so history reads keep the rest.
     #[arg(id = "max_concurrent_hydrations", value_name = "MAX_CONCURRENT_HYDRATIONS", long = "max-concurrent-hydrations", env = "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS", default_value = "10", value_parser = hydrations)]
     pub concurrent_hydrations: usize,
 

@@ -15,6 +15,7 @@ use super::{
 };
 use crate::coverage::{self, Coverage};
 use crate::decode::{Decoded, ViewEvent, decode_payload};
+use crate::explain::{RowMeta, ViewFates};
 use crate::freshness::Freshness;
 use crate::metrics::Metrics;
 use crate::shadow::{ShadowSettings, StoredRow, Verdict};
@@ -31,6 +32,8 @@ enum Query {
     Markers,
     Events,
     Fill,
+    /// Explain's row scan.
+    Explain,
 }
 
 impl Query {
@@ -62,7 +65,7 @@ impl Default for Gate {
 #[derive(Clone, Default)]
 struct FakeStore {
     rows: Arc<Mutex<Vec<ViewEvent>>>,
-    gates: Arc<[Gate; 3]>,
+    gates: Arc<[Gate; 4]>,
 }
 
 impl FakeStore {
@@ -210,6 +213,24 @@ impl StoreReads for FakeStore {
                 *thread == e.key.thread_id() && displays.iter().any(|d| **d == *e.key.display_id())
             })
         })
+    }
+
+    async fn row_metadata(
+        &self,
+        thread_id: &str,
+        bounds: Bounds,
+    ) -> Result<Vec<RowMeta>, StoreError> {
+        self.pass(Query::Explain).await?;
+        let rows = self.select(bounds.budget, |e| e.key.thread_id() == thread_id)?;
+        Ok(rows
+            .into_iter()
+            .map(|e| RowMeta {
+                created_at: e.created_at.as_ref().ok().copied(),
+                relevant: true,
+                marker: e.is_marker(),
+                key: e.key,
+            })
+            .collect())
     }
 }
 
@@ -743,4 +764,142 @@ async fn verify_of_a_view_not_complete_answers_not_complete_and_counts_no_failur
     assert_eq!(report.view, "complete");
     assert_eq!(report.result, Verdict::Match);
     assert_eq!(report.counts["match"], 3);
+}
+
+/// An explain as the handler runs it: the thread's fates through the read path, then the stored rows' metadata.
+async fn explain(
+    views: &ViewCache<FakeStore>,
+    thread_id: &str,
+) -> Result<(Source, usize), ReadError> {
+    let answer = views.read::<ViewFates>(thread_id, None).await?;
+    let scan = views.row_metadata(thread_id).await?;
+    Ok((answer.source, scan.rows.len()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_explains_of_a_complete_thread_share_one_row_scan_and_no_hydration() {
+    let scene = Scene::new();
+    scene.complete_thread().await;
+    let hydrations = scene.store.calls(Query::Markers);
+    scene.store.hold(Query::Explain);
+    let explains: Vec<_> = (0..16)
+        .map(|_| {
+            let views = scene.views.clone();
+            tokio::spawn(async move { explain(&views, THREAD).await })
+        })
+        .collect();
+    scene.store.reached(Query::Explain, 1).await;
+    settle().await;
+    // Every explain waits for the one scan in flight.
+    assert_eq!(scene.store.calls(Query::Explain), 1);
+    scene.store.release(Query::Explain);
+    for explain in explains {
+        // The fates from memory, the two stored rows from the shared scan.
+        assert_eq!(explain.await.unwrap().unwrap(), (Source::Cache, 2));
+    }
+    assert_eq!(scene.store.calls(Query::Explain), 1);
+    assert_eq!(
+        scene.store.calls(Query::Markers),
+        hydrations,
+        "no hydration"
+    );
+    // A later explain is not answered from the finished scan: it scans again.
+    scene.store.persist(&chunk("d1", "c2", 3, "later"));
+    assert_eq!(
+        explain(&scene.views, THREAD).await.unwrap(),
+        (Source::Cache, 3)
+    );
+    assert_eq!(scene.store.calls(Query::Explain), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_row_scan_fails_the_explains_that_shared_it_and_the_next_scans_again() {
+    let scene = Scene::new();
+    scene.complete_thread().await;
+    scene.store.hold(Query::Explain);
+    scene.store.fail_next(Query::Explain);
+    let explains: Vec<_> = (0..4)
+        .map(|_| {
+            let views = scene.views.clone();
+            tokio::spawn(async move { views.row_metadata(THREAD).await })
+        })
+        .collect();
+    scene.store.reached(Query::Explain, 1).await;
+    settle().await;
+    scene.store.release(Query::Explain);
+    for explain in explains {
+        assert!(matches!(explain.await.unwrap(), Err(ReadError::Store(_))));
+    }
+    assert_eq!(scene.store.calls(Query::Explain), 1);
+    assert_eq!(
+        scene.views.row_metadata(THREAD).await.unwrap().rows.len(),
+        2
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_storm_of_explains_leaves_a_cold_read_its_slots() {
+    // Four hydration slots: the explain share is two.
+    let scene = Scene::new();
+    scene.stored_turn();
+    scene.past_the_bound().await;
+    scene.store.hold(Query::Explain);
+    let explains: Vec<_> = (0..12)
+        .map(|i| {
+            let views = scene.views.clone();
+            tokio::spawn(async move { views.row_metadata(&format!("other-{i}")).await })
+        })
+        .collect();
+    scene.store.reached(Query::Explain, 2).await;
+    settle().await;
+    // Two scans hold their slots at the gate; the other explains wait for the share, not for a slot.
+    assert_eq!(scene.store.calls(Query::Explain), 2);
+    // A cold read finds a slot while every explain still waits.
+    let answer = scene.read().await.unwrap();
+    assert_eq!(answer.source, Source::Store);
+    assert!(body(&answer).contains("answer-one"));
+    assert!(explains.iter().all(|explain| !explain.is_finished()));
+    assert_eq!(scene.store.calls(Query::Explain), 2);
+    // Once the gate opens, the waiting explains run in turn within the share.
+    scene.store.release(Query::Explain);
+    for explain in explains {
+        assert!(explain.await.unwrap().unwrap().rows.is_empty());
+    }
+    assert_eq!(scene.store.calls(Query::Explain), 12);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_explain_of_a_cold_thread_hydrates_within_the_share() {
+    // Both permits of the share held by scans at the gate: an explain of a cold thread waits for one, and gives up
+    // after the store timeout without having taken a slot; a history read of that thread is answered meanwhile.
+    let scene = Scene::new();
+    scene.store.hold(Query::Explain);
+    let scans: Vec<_> = (0..2)
+        .map(|i| {
+            let views = scene.views.clone();
+            tokio::spawn(async move { views.row_metadata(&format!("other-{i}")).await })
+        })
+        .collect();
+    scene.store.reached(Query::Explain, 2).await;
+    scene.stored_turn();
+    scene.past_the_bound().await;
+    let views = scene.views.clone();
+    let cold_explain = tokio::spawn(async move { views.read::<ViewFates>(THREAD, None).await });
+    settle().await;
+    assert_eq!(
+        scene.store.calls(Query::Markers),
+        0,
+        "no hydration beyond the share"
+    );
+    assert_eq!(scene.read().await.unwrap().source, Source::Store);
+    assert!(matches!(cold_explain.await.unwrap(), Err(ReadError::Busy)));
+    scene.store.release(Query::Explain);
+    for scan in scans {
+        scan.await.unwrap().unwrap();
+    }
+    // The share free again, an explain reads its thread (complete now: from memory).
+    assert_eq!(
+        explain(&scene.views, THREAD).await.unwrap(),
+        (Source::Cache, 2)
+    );
 }

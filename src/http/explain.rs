@@ -1,6 +1,7 @@
 //! `GET /v1/threads/{thread_id}/history/explain` ([design 3.3](../../docs/design.md#3.3)): every event of the thread
 //! with its fate, from the same read as the history (the read core, [`super::read`]: same routing, source and
-//! completeness) joined with the stored rows' metadata; and `GET /inspect/threads/{thread_id}`, the inspector page
+//! completeness) joined with the stored rows' metadata (one scan shared by the explains asking meanwhile, within the
+//! explain share of the store-read slots: [`crate::cache::RowScan`]); and `GET /inspect/threads/{thread_id}`, the inspector page
 //! that shows it beside the live feed.
 
 use axum::body::Bytes;
@@ -33,7 +34,7 @@ pub async fn explain(
                 .row_metadata(thread)
                 .await
                 .map_err(|error| ApiError::from_read(error, thread))?;
-            let explanation = join(thread, &answer.body, &rows);
+            let explanation = join(thread, &answer.body, &rows.rows);
             // Serialising strings, numbers and maps of them cannot fail.
             let body = Bytes::from(serde_json::to_vec(&explanation).unwrap_or_default());
             let etag = etag_of(&body);

@@ -8,7 +8,7 @@ use mongodb::error::{Error as MongoError, ErrorKind};
 
 /// Why a store query failed. A read never answers a partial history: it answers 503, or 507 for `TooLarge`, or
 /// 500 for `Rejected`.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("the store did not answer within {0:?}")]
     Timeout(Duration),

@@ -7,8 +7,8 @@
 //! name the index with a hint ([design 2b](../../docs/design.md#2b)); when the store says the index does not exist,
 //! they run again without it, and that is logged once per process and counted.
 //!
-//! The view cache reads through [`StoreReads`] (the two stages and a fill), so its unit tests can run on an in-memory
-//! fake. Every query and ping reports its outcome to [`Coverage`] in one place ([`Store::bounded`]).
+//! The view cache reads through [`StoreReads`] (the two stages, a fill, a shadow check's rows and explain's row
+//! metadata), so its unit tests can run on an in-memory fake. Every query and ping reports its outcome to [`Coverage`] in one place ([`Store::bounded`]).
 //!
 //! One job a file: this one holds the [`Store`] handle (its clients and connection pools, the outcome of each
 //! query, the `StoreReads` it implements); [`query`] what each query sends and how its rows are read; [`bounds`] a
@@ -169,6 +169,17 @@ pub trait StoreReads: Send + Sync + 'static {
         wanted: &[(&str, &[Box<str>])],
         bounds: Bounds,
     ) -> impl Future<Output = Result<Vec<ViewEvent>, StoreError>> + Send;
+
+    /// `explain`'s read: every row of the thread without its payload, in stage 2's order
+    /// ([design 3.3](../../docs/design.md#3.3)).
+    ///
+    /// # Errors
+    /// As for stage 2.
+    fn row_metadata(
+        &self,
+        thread_id: &str,
+        bounds: Bounds,
+    ) -> impl Future<Output = Result<Vec<RowMeta>, StoreError>> + Send;
 }
 
 /// Read access to the event collection. Cloning is cheap.
@@ -432,17 +443,11 @@ impl StoreReads for Store {
         )
         .await
     }
-}
 
-impl Store {
-    /// Every row of `thread_id` without its payload, in stage 2's order, for `explain`
-    /// ([design 3.3](../../docs/design.md#3.3)): its delivery key, `created_at`, and what the decoder's family filter
+    /// Every row of `thread_id` without its payload: its delivery key, `created_at`, and what the decoder's family filter
     /// makes of it. One query on the hydration index (its first field is `thread_id`), on the main pool, within
     /// `bounds` like a hydration (each row counts its key's bytes against the per-thread limit).
-    ///
-    /// # Errors
-    /// [`StoreError`] as for stage 2.
-    pub async fn row_metadata(
+    async fn row_metadata(
         &self,
         thread_id: &str,
         bounds: Bounds,

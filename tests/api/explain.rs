@@ -442,3 +442,113 @@ async fn the_inspector_is_off_behind_a_token_unless_turned_on() {
     );
     assert_eq!(on.api.get("/inspect/threads/a.b", &[]).await.status, 400);
 }
+
+/// A storm of explains of a large thread held complete in memory ([design 3.3]): the fates come from memory (no
+/// hydration), every explain in flight together shares one row scan, and a cold history read of another thread
+/// during the storm is answered. Made deterministic by freezing the store: every explain has read its fates (the
+/// read metric counts them) and waits for the one scan, which waits for the store, while the cold read takes the
+/// slot the explain share leaves it; then the store goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_explains_shares_one_scan_and_leaves_cold_reads_answered() {
+    use crate::helpers::{chunk_row, metric, user_row};
+    use crate::scene::{Scene, now_ns, read_until_cache, wait_metric};
+
+    const EXPLAINS: usize = 32;
+    const EVENTS: i64 = 3_000;
+    let scene = Scene::new().await;
+    let thread = "explained-thread";
+    let mut rows = vec![user_row(thread, "d1", "e0", now_ns(0), "Q")];
+    rows.extend(
+        (1..EVENTS).map(|i| chunk_row(thread, "d1", "A", &format!("e{i}"), now_ns(i), "x")),
+    );
+    scene.store.insert_rows(&rows).await;
+    let cold = "cold-thread";
+    scene
+        .store
+        .insert_rows(&[user_row(cold, "d1", "e1", now_ns(0), "cold question")])
+        .await;
+    // Two slots: the explain share is one, the other stays for history reads. The store timeout outlasts the
+    // freeze, so the frozen store is no outage.
+    let app = scene
+        .worker(
+            scene.nats.url(),
+            &[
+                ("HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS", "2"),
+                ("HISTORY_VIEW_STORE_TIMEOUT_MS", "20000"),
+            ],
+        )
+        .await;
+    read_until_cache(&app.api, thread, "").await;
+    let cache_reads = "history_view_read_duration_seconds_count{source=\"cache\"}";
+    let queries = |kind: &str| format!("history_view_store_queries_total{{kind=\"{kind}\"}}");
+    let before = app.api.metrics().await;
+
+    scene.mongo.pause();
+    let explains: Vec<_> = (0..EXPLAINS)
+        .map(|_| {
+            let api = app.api.clone();
+            tokio::spawn(async move { explain(&api, thread, "").await })
+        })
+        .collect();
+    wait_metric(
+        &app.api,
+        cache_reads,
+        metric(&before, cache_reads) + EXPLAINS as f64,
+    )
+    .await;
+    let cold_read = {
+        let api = app.api.clone();
+        tokio::spawn(async move { api.history(cold, "").await })
+    };
+    // The cold read has missed the cache and gone for the store, frozen too, while every explain waits.
+    let misses = "history_view_cache_misses_total";
+    wait_metric(&app.api, misses, metric(&before, misses) + 1.0).await;
+    assert!(explains.iter().all(|explained| !explained.is_finished()));
+    scene.mongo.resume();
+
+    let cold_reply = cold_read.await.unwrap();
+    assert_eq!(cold_reply.status, 200, "{}", cold_reply.body);
+    assert_eq!(cold_reply.source(), Some("store"));
+    assert!(cold_reply.body.contains("cold question"));
+    let mut bodies = HashSet::new();
+    for explained in explains {
+        let reply = explained.await.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.source(), Some("cache"));
+        let json = reply.json();
+        assert_eq!(
+            json["events"].as_array().map(Vec::len),
+            Some(EVENTS as usize)
+        );
+        assert_eq!(json["counts"]["not_in_view"], 0);
+        bodies.insert(reply.body);
+    }
+    assert_eq!(bodies.len(), 1, "every explain answered the same");
+    let after = app.api.metrics().await;
+    let delta = |name: &str| metric(&after, name) - metric(&before, name);
+    assert_eq!(
+        delta(&queries("explain")),
+        1.0,
+        "one scan for every explain"
+    );
+    assert_eq!(
+        delta(&queries("hydration_markers")),
+        1.0,
+        "only the cold read hydrated"
+    );
+    assert_eq!(delta("history_view_hydration_slot_timeouts_total"), 0.0);
+
+    // Explains one after another each scan again (the rows are never reused), and still hydrate nothing.
+    for _ in 0..2 {
+        assert_eq!(explain(&app.api, thread, "").await.status, 200);
+    }
+    let last = app.api.metrics().await;
+    assert_eq!(
+        metric(&last, &queries("explain")) - metric(&after, &queries("explain")),
+        2.0
+    );
+    assert_eq!(
+        metric(&last, &queries("hydration_markers")),
+        metric(&after, &queries("hydration_markers"))
+    );
+}
