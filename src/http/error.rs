@@ -51,8 +51,9 @@ pub enum ApiError {
         "this worker does not own the thread; send the request to any worker without X-History-Forwarded"
     )]
     Misdirected,
-    /// The worker is shutting down: the reason a live feed ends at shutdown (its `end` event, design 3.2). No
-    /// request is answered with it, since a stopping worker accepts no connection.
+    /// The worker is shutting down: the reason a live feed ends at shutdown (its `end` event,
+    /// [design 3.2](../../docs/design.md#3.2)). No request is answered with it: a stopping worker accepts no
+    /// connection.
     #[error("the worker is shutting down; reconnect to resume")]
     ShuttingDown,
 }
@@ -83,7 +84,8 @@ impl ApiError {
     }
 
     /// The JSON body of this error, `{"error": {"code", "message"}}`: the body of its response, and the data of a
-    /// live feed's `end` event (design 3.2), so a feed ends with exactly what the history would answer.
+    /// live feed's `end` event ([design 3.2](../../docs/design.md#3.2)), so a feed ends with exactly what the
+    /// history would answer.
     pub fn body(&self) -> serde_json::Value {
         let (_, code) = self.status_and_code();
         json!({"error": {"code": code, "message": self.to_string()}})
