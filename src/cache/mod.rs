@@ -263,6 +263,11 @@ impl<S: StoreReads> ViewCache<S> {
                 .await;
         }
         if let Some(answer) = self.complete_answer(&entry, primary, Source::Cache) {
+            // Live events that arrived while the view was held were applied by its holder (this reader, maybe),
+            // after the live path checked the limit: a view they took past it leaves now instead of answering.
+            if self.leave_if_too_large(&entry, LimitPath::Live).await {
+                return Err(self.too_large());
+            }
             self.metrics.cache.hit();
             return Ok(answer);
         }

@@ -591,6 +591,28 @@ async fn a_thread_past_the_limit_answers_too_large_from_the_store_and_from_a_liv
     ));
 }
 
+/// Issue 36: an event that arrives while a reader holds the view is applied by that reader, after the live path
+/// checked the limit; the view it takes past the limit must not be answered from memory (a feed's reads made this
+/// common: the thread stayed cached past the limit and its history answered 200).
+#[tokio::test(start_paused = true)]
+async fn a_view_taken_past_the_limit_by_its_holder_is_not_answered_from_memory() {
+    let limit = 64 << 10;
+    let scene = Scene::with_thread_limit(limit);
+    scene.complete_thread().await;
+    let big = chunk("d1", "big", 3, &"x".repeat(limit));
+    scene.store.persist(&big);
+    let entry = scene.views.entry(THREAD).await;
+    let held = entry.lock_view(&scene.views.metrics);
+    // The view is held: the event waits beside it, and the live path's check sees the view as it was.
+    assert!(scene.views.apply(big).await.is_none());
+    // Letting go applies it.
+    drop(held);
+    assert!(matches!(
+        scene.read().await,
+        Err(ReadError::TooLarge { limit: l }) if l == limit
+    ));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_reader_that_goes_away_mid_hydration_hands_the_store_job_to_the_next() {
     let scene = Scene::new();

@@ -56,6 +56,11 @@ pub enum ApiError {
         "this worker does not own the thread; send the request to any worker without X-History-Forwarded"
     )]
     Misdirected,
+    /// The worker is shutting down: the reason a live feed ends at shutdown (its `end` event,
+    /// [design 3.2](../../docs/design.md#3.2)). No request is answered with it: a stopping worker accepts no
+    /// connection.
+    #[error("the worker is shutting down; reconnect to resume")]
+    ShuttingDown,
 }
 
 impl ApiError {
@@ -80,6 +85,23 @@ impl ApiError {
             ApiError::OwnerUnreachable => (StatusCode::SERVICE_UNAVAILABLE, "owner_unreachable"),
             ApiError::Misdirected => (StatusCode::MISDIRECTED_REQUEST, "misdirected"),
             ApiError::VerifyLimited => (StatusCode::TOO_MANY_REQUESTS, "verify_limited"),
+            ApiError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        }
+    }
+
+    /// The JSON body of this error, `{"error": {"code", "message"}}`: the body of its response, and the data of a
+    /// live feed's `end` event ([design 3.2](../../docs/design.md#3.2)), so a feed ends with exactly what the
+    /// history would answer.
+    pub fn body(&self) -> serde_json::Value {
+        let (_, code) = self.status_and_code();
+        json!({"error": {"code": code, "message": self.to_string()}})
+    }
+
+    /// Logs what the body keeps out: the cause of a store outage. Called once, where the error is answered (a
+    /// response or a feed's `end`).
+    pub fn log(&self) {
+        if let ApiError::StoreUnavailable(error) = self {
+            tracing::warn!(error = %chain(error), "history read failed: store unavailable");
         }
     }
 }
@@ -113,12 +135,9 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, code) = self.status_and_code();
-        if let ApiError::StoreUnavailable(error) = &self {
-            tracing::warn!(error = %chain(error), "history read failed: store unavailable");
-        }
-        let body = Json(json!({"error": {"code": code, "message": self.to_string()}}));
-        let mut response = (status, body).into_response();
+        let (status, _) = self.status_and_code();
+        self.log();
+        let mut response = (status, Json(self.body())).into_response();
         let headers = response.headers_mut();
         match self {
             ApiError::Unauthorized => {
@@ -128,7 +147,8 @@ impl IntoResponse for ApiError {
             ApiError::StoreUnavailable(_)
             | ApiError::Overloaded
             | ApiError::OwnerUnreachable
-            | ApiError::VerifyLimited => {
+            | ApiError::VerifyLimited
+            | ApiError::ShuttingDown => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}
@@ -170,5 +190,33 @@ mod tests {
         let refused = ApiError::VerifyLimited.into_response();
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[tokio::test]
+    async fn the_body_a_feed_ends_with_is_the_response_body() {
+        for error in [
+            ApiError::ThreadTooLarge { limit: 1 << 20 },
+            ApiError::StoreQueryRejected,
+            ApiError::ShuttingDown,
+        ] {
+            let body = error.body();
+            let response = error.into_response();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .expect("a body");
+            let answered: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON");
+            assert_eq!(answered, body);
+        }
+        let body = ApiError::ThreadTooLarge { limit: 1 << 20 }.body();
+        assert_eq!(body["error"]["code"], "thread_too_large");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("1048576 bytes (HISTORY_VIEW_MAX_THREAD_BYTES)"))
+        );
+        assert_eq!(
+            ApiError::ShuttingDown.body()["error"]["code"],
+            "shutting_down"
+        );
     }
 }

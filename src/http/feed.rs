@@ -5,8 +5,10 @@
 //! when the worker still knows that answer's message digests. The feed reads through the cache like a read (the same
 //! completeness rules): after a read that needed the store (a gap, an eviction) it sends a snapshot, never an update.
 //! Changes within [`COALESCE`] of the last event are sent together; the feed waits for changes as a read waiting
-//! for a run does ([`next_change`]), at its own pace ([`FEED`]). It follows the thread across evictions, and ends
-//! when the worker stops.
+//! for a run does ([`next_change`]), at its own pace ([`FEED`]). It follows the thread across evictions. It ends
+//! with an [`END`] event when a read fails (the thread past `HISTORY_VIEW_MAX_THREAD_BYTES`, the store refusing or
+//! out: the history's error body) or the worker stops, so a client never holds a transcript it believes is live
+//! while the feed has gone quiet.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -42,8 +44,9 @@ pub const FEED: Pace = Pace {
     after_store: STORE_REREAD_INTERVAL,
 };
 
-/// How long a feed waits before reading again when a read failed (the store was needed and did not answer).
-const RETRY_READ: Duration = Duration::from_secs(1);
+/// The name of a feed's last event ([design 3.2](../../docs/design.md#3.2)), sent when a read fails or the worker
+/// stops. Not `error`: an `EventSource` reports its own failures (and reconnects) under that name.
+pub const END: &str = "end";
 
 /// The reconnection delay the feed asks clients for (`retry:`).
 const CLIENT_RETRY: Duration = Duration::from_secs(1);
@@ -104,6 +107,7 @@ async fn open(
         last_event: Instant::now(),
         stop: state.views.stopping(),
         first: None,
+        ended: false,
         _slot: StreamSlot::new(permit, &state.metrics),
     };
     feed.first = match resumed {
@@ -187,35 +191,44 @@ struct Feed {
     stop: CancellationToken,
     /// The first event, sent before the feed waits for changes.
     first: Option<Event>,
+    /// Whether the [`END`] event was sent: the stream ends after it.
+    ended: bool,
     _slot: StreamSlot,
 }
 
 impl Feed {
-    /// The next event to send, once the thread's answer changed; `None` when the worker stops.
+    /// The next event to send, once the thread's answer changed; after the feed's [`END`] event, `None`.
     async fn next(&mut self) -> Option<Event> {
+        if self.ended {
+            return None;
+        }
         if let Some(event) = self.first.take() {
             return Some(event);
         }
+        match self.next_answer().await {
+            Ok(event) => Some(event),
+            Err(reason) => {
+                self.ended = true;
+                Some(end(&reason))
+            }
+        }
+    }
+
+    /// The event of the thread's next changed answer; the reason the feed ends instead: the answer the history
+    /// would give the read that failed (the thread past the limit, the store refusing or out), or the worker
+    /// stopping.
+    async fn next_answer(&mut self) -> Result<Event, ApiError> {
         loop {
             tokio::select! {
-                () = self.stop.cancelled() => return None,
+                () = self.stop.cancelled() => return Err(ApiError::ShuttingDown),
                 // Changes right after the last event wait for the ones that follow them.
                 () = next_change(&self.views, &self.thread, self.sent.seen, FEED, self.last_event, None) => {}
             }
-            let answer = match self
+            let answer = self
                 .views
                 .read::<Transcript>(&self.thread, self.primary.as_ref())
                 .await
-            {
-                Ok(answer) => answer,
-                Err(_) => {
-                    // The store was needed and failed: send nothing, try again.
-                    tokio::select! {
-                        () = self.stop.cancelled() => return None,
-                        () = tokio::time::sleep(RETRY_READ) => continue,
-                    }
-                }
-            };
+                .map_err(|error| ApiError::from_read(error, &self.thread))?;
             let seen = self.sent.seen;
             if answer.generation == seen.generation && answer.version == seen.version {
                 continue;
@@ -230,7 +243,7 @@ impl Feed {
                 Source::Store => FeedEvent::Snapshot,
                 Source::Cache => FeedEvent::Update,
             };
-            return Some(self.event(&answer, kind, from));
+            return Ok(self.event(&answer, kind, from));
         }
     }
 
@@ -254,6 +267,14 @@ impl Feed {
             // The bodies are JSON, so UTF-8 with no raw line breaks.
             .data(String::from_utf8_lossy(&body))
     }
+}
+
+/// The feed's last event: `reason`'s body, exactly what the history answers for it (`{"error": {"code",
+/// "message"}}`). It carries no id, so a client resumes after the last answer it applied, and that resume gets the
+/// history's status while the reason lasts.
+fn end(reason: &ApiError) -> Event {
+    reason.log();
+    Event::default().event(END).data(reason.body().to_string())
 }
 
 /// The kinds of a live feed's events (and of a resume's first event): the SSE event name, and the `kind` of

@@ -292,7 +292,9 @@ const PAGE_TRANSCRIPT: &str = r#"Array.from(document.querySelectorAll('#transcri
 /// The inspector page in a real browser (Debian's headless Chromium) while a thread's answer streams in live: the
 /// transcript it renders from the feed equals the history after every event, each message lists its source
 /// events (the stop that supplied the end among them), and the hidden display's event is listed as excluded, with
-/// its fate. A screenshot is written to `target/inspector.png`.
+/// its fate. The page's policy allows its own script and stylesheet by hash, so both work, while a script or a
+/// style attribute injected into the page is blocked. When the worker stops, the page shows the feed's `end` and
+/// does not reconnect. A screenshot is written to `target/inspector.png`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inspector_page_shows_a_live_thread_in_a_real_browser() {
     use crate::helpers::{chunk_row, publish_rows, stop_row, user_row};
@@ -391,8 +393,84 @@ async fn the_inspector_page_shows_a_live_thread_in_a_real_browser() {
         let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
         std::fs::create_dir_all(&target).expect("target/");
         std::fs::write(target.join("inspector.png"), png).expect("the screenshot is written");
+
+        // The stylesheet applies (its hash is in the policy), the rule that replaced a style attribute with it.
+        let styled = browser.eval(
+            "[getComputedStyle(document.body).fontSize, getComputedStyle(document.querySelector('table + h2')).marginTop]",
+        );
+        assert_eq!(
+            styled,
+            serde_json::json!(["14px", "16px"]),
+            "the page's stylesheet"
+        );
+        // An inline script and a style attribute injected into the page do not run; the browser reports both.
+        browser.eval(INJECT);
+        let injected = browser.eval_until(
+            "[window.injectedRan === true, getComputedStyle(document.getElementById('injected')).color, window.violations]",
+            Duration::from_secs(10),
+            |state| state[2].as_array().is_some_and(|v| v.len() >= 2),
+        );
+        assert_eq!(
+            injected[0], false,
+            "an injected inline script ran: {injected}"
+        );
+        assert_ne!(
+            injected[1], "rgb(255, 0, 0)",
+            "an injected style attribute applied"
+        );
+        let violated = injected[2].as_array().cloned().unwrap_or_default();
+        for directive in ["script-src", "style-src"] {
+            assert!(
+                violated
+                    .iter()
+                    .any(|v| v.as_str().is_some_and(|v| v.starts_with(directive))),
+                "no {directive} violation reported: {injected}"
+            );
+        }
+    });
+
+    // The worker stops: the page shows the feed's end and its reason, and stays stopped rather than reconnecting.
+    app.terminate();
+    tokio::task::block_in_place(|| {
+        let ended = browser.eval_until(
+            "[document.body.dataset.ended, document.getElementById('status').dataset.state, document.getElementById('status').textContent]",
+            Duration::from_secs(10),
+            |state| state[0] == "shutting_down",
+        );
+        assert_eq!(
+            ended[0], "shutting_down",
+            "the page did not show the end: {ended}"
+        );
+        assert_eq!(ended[1], "ended");
+        assert!(
+            ended[2]
+                .as_str()
+                .is_some_and(|text| text.contains("shutting down")),
+            "{ended}"
+        );
+        // Past the feed's reconnection delay, the page has not tried again (it would show an error: the worker is
+        // gone).
+        std::thread::sleep(Duration::from_millis(1_500));
+        let later = browser.eval("document.getElementById('status').dataset.state");
+        assert_eq!(later, "ended");
     });
 }
+
+/// Injected into the inspector page by the browser test: an inline script that would set `injectedRan`, and an
+/// element with a style attribute that would make it red; `violations` collects the policy's reports.
+const INJECT: &str = r#"(() => {
+    window.violations = [];
+    document.addEventListener('securitypolicyviolation', (e) => window.violations.push(e.effectiveDirective));
+    const script = document.createElement('script');
+    script.textContent = 'window.injectedRan = true;';
+    document.body.append(script);
+    const styled = document.createElement('p');
+    styled.id = 'injected';
+    styled.setAttribute('style', 'color: rgb(255, 0, 0)');
+    styled.textContent = 'injected';
+    document.body.append(styled);
+    return true;
+})()"#;
 
 /// The inspector is off by default behind an API token, served with `HISTORY_VIEW_INSPECTOR=on`, and `explain`
 /// answers only with the token, like every read.
@@ -440,6 +518,13 @@ async fn the_inspector_is_off_behind_a_token_unless_turned_on() {
         page.body
             .contains("<title>chat-history-view inspector</title>")
     );
+    // The page's own script and style are allowed by hash; nothing inline else.
+    let policy = page.header("content-security-policy").unwrap_or_default();
+    assert!(
+        policy.contains("script-src 'sha256-") && policy.contains("style-src 'sha256-"),
+        "{policy}"
+    );
+    assert!(!policy.contains("unsafe-inline"), "{policy}");
     assert_eq!(on.api.get("/inspect/threads/a.b", &[]).await.status, 400);
 }
 

@@ -1,8 +1,9 @@
 //! The live feed (`history/stream`) through the binary with a real SSE client (eventsource-stream over reqwest):
 //! live events arrive as updates and the client's transcript equals a read; a resume with `Last-Event-ID` while
 //! events keep arriving misses and doubles nothing; a gap and an eviction bring a fresh snapshot and the feed goes
-//! on; a stream outlives the idle timeout and ends within the drain on shutdown. Every live conformance case also
-//! streams to its expected history (`conformance::live_case`).
+//! on; a stream outlives the idle timeout and ends within the drain on shutdown, with an `end` event saying so; a
+//! thread that grows past the thread limit ends its feed with the history's 507 body, and a resume answers 507.
+//! Every live conformance case also streams to its expected history (`conformance::live_case`).
 
 use std::time::{Duration, Instant};
 
@@ -12,8 +13,10 @@ use futures_util::stream::BoxStream;
 use serde_json::Value;
 use test_support::proxy::Proxy;
 
-use crate::helpers::{Api, chunk_row, encode, metric, publish_rows, turns};
-use crate::scene::{Scene, now_ns};
+use crate::helpers::{
+    Api, chunk_row, encode, metric, publish_rows, spawn_app_with, turns, user_row,
+};
+use crate::scene::{Scene, now_ns, read_until_cache};
 
 /// An open feed and the transcript its events build.
 pub struct FeedClient {
@@ -24,6 +27,8 @@ pub struct FeedClient {
     pub last_id: String,
     /// The kinds of the events received, in order.
     pub kinds: Vec<String>,
+    /// The data of the feed's `end` event, once it came (the history's error body).
+    pub ended: Option<Value>,
 }
 
 impl FeedClient {
@@ -52,6 +57,7 @@ impl FeedClient {
             messages: Vec::new(),
             last_id: last_id.unwrap_or_default().to_owned(),
             kinds: Vec::new(),
+            ended: None,
         }
     }
 
@@ -60,8 +66,22 @@ impl FeedClient {
         let Ok(Some(Ok(event))) = tokio::time::timeout(limit, self.events.next()).await else {
             return false;
         };
+        self.apply(event);
+        true
+    }
+
+    /// Applies `event` to the transcript (an `end` to [`FeedClient::ended`]); panics on an event after the `end`.
+    fn apply(&mut self, event: Event) {
+        assert_eq!(self.ended, None, "an event after the end: {event:?}");
         let data: Value = serde_json::from_str(&event.data).expect("an event's data is JSON");
         match event.event.as_str() {
+            "end" => {
+                // The end names no answer: the client resumes after the last one it applied.
+                assert_eq!(event.id, self.last_id, "the end carries no id of its own");
+                self.ended = Some(data);
+                self.kinds.push(event.event);
+                return;
+            }
             "snapshot" => self.messages = data["messages"].as_array().expect("messages").clone(),
             "update" => {
                 let from = data["from"].as_u64().expect("from") as usize;
@@ -79,7 +99,6 @@ impl FeedClient {
         }
         self.last_id = event.id;
         self.kinds.push(event.event);
-        true
     }
 
     /// Applies events until the transcript equals `expected` (within `limit`); the transcript either way.
@@ -101,9 +120,14 @@ impl FeedClient {
             match tokio::time::timeout_at(deadline.into(), self.events.next()).await {
                 Err(_) => return false,
                 Ok(None) | Ok(Some(Err(_))) => return true,
-                Ok(Some(Ok(_))) => {}
+                Ok(Some(Ok(event))) => self.apply(event),
             }
         }
+    }
+
+    /// The code of the feed's `end` event, if it came.
+    pub fn end_code(&self) -> Option<&str> {
+        self.ended.as_ref()?["error"]["code"].as_str()
     }
 }
 
@@ -326,13 +350,14 @@ async fn the_feed_goes_on_through_evictions_and_idle_timeouts_and_ends_on_shutdo
         expected
     );
 
-    // SIGTERM: the feed ends and the worker exits within the drain.
+    // SIGTERM: the feed says so in its `end` event and ends, and the worker exits within the drain.
     let started = Instant::now();
     app.terminate();
     assert!(
         feed.ends_within(Duration::from_secs(3)).await,
         "the feed did not end"
     );
+    assert_eq!(feed.end_code(), Some("shutting_down"), "{:?}", feed.ended);
     let status = app
         .wait_exit(Duration::from_secs(5))
         .await
@@ -343,4 +368,69 @@ async fn the_feed_goes_on_through_evictions_and_idle_timeouts_and_ends_on_shutdo
         "{:?}",
         started.elapsed()
     );
+}
+
+/// Issue 36: a feed whose thread grew past `HISTORY_VIEW_MAX_THREAD_BYTES` went silent for good (one last update,
+/// then nothing) while the history answered 507. It now ends with an `end` event carrying the history's error body,
+/// the stream closes, and a resume answers the history's 507.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_whose_thread_passes_the_limit_ends_with_the_history_error_and_a_resume_answers_507()
+{
+    let app = spawn_app_with(|c| c.cache.max_thread_bytes = 1 << 20).await;
+    let thread = "feed-outgrown";
+    let start = [
+        user_row(thread, "d1", "u1", 1, "Q"),
+        chunk_row(thread, "d1", "A", "c0", 2, &"x".repeat(10_000)),
+    ];
+    app.store.insert_rows(&start).await;
+    read_until_cache(&app.api, thread, "").await;
+    let mut feed = FeedClient::open(&app.api, thread, "", None).await;
+    assert!(feed.apply_next(Duration::from_secs(5)).await);
+    assert_eq!(feed.kinds, ["snapshot"]);
+
+    // The answer grows past 1 MiB live (100 kB chunks, persisted and published as aihub does).
+    for i in 0..12 {
+        let row = chunk_row(
+            thread,
+            "d1",
+            "A",
+            &format!("more{i}"),
+            100 + i,
+            &"y".repeat(100_000),
+        );
+        app.store.insert_rows(std::slice::from_ref(&row)).await;
+        publish_rows(&app.publisher, std::slice::from_ref(&row)).await;
+    }
+    let ended = feed.ends_within(Duration::from_secs(20)).await;
+    assert!(ended, "the feed went silent: {:?}", feed.kinds);
+    let history = app.api.history(thread, "").await;
+    assert_eq!(history.status, 507, "{:.300}", history.body);
+    assert_eq!(
+        feed.end_code(),
+        Some("thread_too_large"),
+        "{:?}",
+        feed.kinds
+    );
+    assert_eq!(
+        feed.ended,
+        Some(history.json()),
+        "the end carries the history's body"
+    );
+    assert_eq!(feed.kinds.last().map(String::as_str), Some("end"));
+    // The feed gave its slot back when it ended.
+    assert_eq!(
+        metric(&app.api.metrics().await, "history_view_feed_streams"),
+        0.0
+    );
+
+    // A resume after the end answers what the history answers.
+    let resumed = app
+        .api
+        .get(
+            &format!("/v1/threads/{thread}/history/stream"),
+            &[("last-event-id", feed.last_id.as_str())],
+        )
+        .await;
+    assert_eq!(resumed.status, 507, "{:.300}", resumed.body);
+    assert_eq!(resumed.json(), history.json());
 }
