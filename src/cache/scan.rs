@@ -28,7 +28,7 @@ use crate::explain::RowMeta;
 use crate::store::{Bounds, StoreReads};
 
 /// The explain share of `slots` hydration slots: half of them, at least one (with a single slot there is no half to
-/// keep; see design 3.3).
+/// keep; see [design 3.3](../../docs/design.md#3.3)).
 pub(super) fn share_of(slots: usize) -> usize {
     (slots / 2).max(1)
 }
