@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::HttpRefusal;
 use super::read::{Pace, STORE_REREAD_INTERVAL, Seen, ThreadRequest, next_change};
-use super::route::{Forward, Routed, route};
+use super::route::{Forward, route};
 use super::{ApiError, AppState};
 use crate::cache::{Answer, Source, Transcript};
 use crate::metrics::Metrics;
@@ -62,19 +62,16 @@ pub async fn stream_history(
     let primary = request.identity()?;
     request.refuse_run_wait("the feed")?;
     let thread = request.thread.as_str().to_owned();
-    match route(
+    let routed = route(
         &state,
         &thread,
         Forward::Feed,
         &request.uri,
         &request.headers,
     )
-    .await
-    {
-        Routed::Local => {}
-        Routed::Forwarded(response) => return Ok(response),
-        Routed::OwnerSilent => return Err(ApiError::OwnerUnreachable),
-        Routed::Misdirected => return Err(ApiError::Misdirected),
+    .await;
+    if let Some(response) = routed.without_fallback()? {
+        return Ok(response);
     }
     open(&state, thread, primary, &request.headers).await
 }

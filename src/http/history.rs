@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
 use super::read::{Read, ThreadRequest, read, respond};
-use super::route::{Forward, Routed, route};
+use super::route::{Forward, route};
 use super::{ApiError, AppState};
 use crate::cache::{HistoryBody, Verified};
 
@@ -35,19 +35,16 @@ pub async fn verify(
     request: ThreadRequest,
 ) -> Result<Response, ApiError> {
     let thread = request.thread.as_str();
-    match route(
+    let routed = route(
         &state,
         thread,
         Forward::Verify,
         &request.uri,
         &request.headers,
     )
-    .await
-    {
-        Routed::Local => {}
-        Routed::Forwarded(response) => return Ok(response),
-        Routed::OwnerSilent => return Err(ApiError::OwnerUnreachable),
-        Routed::Misdirected => return Err(ApiError::Misdirected),
+    .await;
+    if let Some(response) = routed.without_fallback()? {
+        return Ok(response);
     }
     match state.views.verify(thread).await {
         Ok(Verified::Report(report)) => Ok(axum::Json(report).into_response()),

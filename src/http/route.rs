@@ -18,9 +18,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::AppState;
 use super::error::chain;
 use super::metrics::ReadRoute;
+use super::{ApiError, AppState};
 use crate::partition::Partitioning;
 use crate::telemetry::RateLimit;
 
@@ -91,6 +91,19 @@ pub(super) enum Routed {
     /// The owner gave no answer in time, or answered 421 (it does not own the thread either): counted, and warned
     /// about at most once a second.
     OwnerSilent,
+}
+
+impl Routed {
+    /// The route of a request with no fallback when the owner is silent (a feed, `verify`): `None` to answer here,
+    /// the owner's answer, or the error (503 `owner_unreachable`, 421 `misdirected`).
+    pub(super) fn without_fallback(self) -> Result<Option<Response<Body>>, ApiError> {
+        match self {
+            Routed::Local => Ok(None),
+            Routed::Forwarded(response) => Ok(Some(response)),
+            Routed::OwnerSilent => Err(ApiError::OwnerUnreachable),
+            Routed::Misdirected => Err(ApiError::Misdirected),
+        }
+    }
 }
 
 /// Routes a request for `thread` among partitioned workers: answered here when this worker owns the thread or the
