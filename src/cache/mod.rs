@@ -13,9 +13,10 @@
 //! keeps the promise is argued once, in [design 2.1.1] and [design 2].
 //!
 //! One job a file: `entry.rs` (an entry and its lock order), `work.rs` (the store side's state machine),
-//! `hydrate.rs` (hydrations and re-reads), `fill.rs` (fills), `scan.rs` (explain's row scans and share), `form.rs` (what a read asks for and gets),
-//! `render.rs` (rendering once per version), `limit.rs` (the per-thread limit), `metrics.rs` (the cache's and the
-//! shadow checks' metrics), `settings.rs`; this file holds the public read API and the moka cache. The store is read
+//! `hydrate.rs` (hydrations and re-reads), `fill.rs` (fills), `scan.rs` (explain's row scans and share), `form.rs`
+//! (what a read asks for and gets), `render.rs` (rendering once per version), `limit.rs` (the per-thread limit),
+//! `metrics.rs` (the cache's and the shadow checks' metrics), `settings.rs`; this file holds the public read API and
+//! the moka cache. The store is read
 //! through [`StoreReads`], so `tests.rs` runs every race here on an in-memory store and tokio's paused clock.
 //!
 //! [design 2.1.1]: ../../docs/design.md#2.1.1
