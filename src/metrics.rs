@@ -75,10 +75,26 @@ impl Metrics {
         let shadow = Arc::new(ShadowMetrics::register(&mut registrar));
         let store = Arc::new(StoreMetrics::register(&mut registrar));
         let http = Arc::new(HttpMetrics::register(&mut registrar));
+        registrar
+            .gauge_vec(
+                "history_view_build_info",
+                "Always 1; its label version is the worker's version (the release's Cargo version).",
+                &["version"],
+            )
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
         let Registrar {
             registry,
             described,
         } = registrar;
+        // The process collector's `process_*` (CPU seconds, resident and virtual memory, open and maximum file
+        // descriptors, start time), read from /proc at each scrape; not a described metric of the worker's own.
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("the process collector registers once");
         let names = described
             .iter()
             .map(|d| {
@@ -308,7 +324,8 @@ mod tests {
     /// order is not pinned (the exposition sorts by name).
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 48] = [
+        let pinned: [(&str, &[&str]); 49] = [
+            ("history_view_build_info", &["version"]),
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
             ("history_view_cache_hits_total", &[]),
@@ -455,7 +472,11 @@ mod tests {
                     fail(format!("does not name its label {label}"));
                 }
             }
-            for value in exported.get(metric.name).into_iter().flatten() {
+            // The version is the one label value from no closed set: one per process, said by its help.
+            let values = exported
+                .get(metric.name)
+                .filter(|_| metric.name != "history_view_build_info");
+            for value in values.into_iter().flatten() {
                 if !words.contains(value.as_str()) {
                     fail(format!("does not explain the label value {value}"));
                 }

@@ -201,6 +201,27 @@ async fn a_real_prometheus_scrapes_the_workers_and_every_panel_and_alert_evaluat
         .collect();
     assert!(missing.is_empty(), "not exported: {missing:?}");
 
+    // Every worker exports the process collector's series and its build info; HistoryViewDown's condition is empty
+    // while each is scraped (this scrape config's job is the chart's name, as the alert expects).
+    let version = format!(
+        "history_view_build_info{{version=\"{}\"}} == 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    let down = alert_exprs()
+        .into_iter()
+        .find(|(alert, _)| alert == "HistoryViewDown")
+        .expect("the HistoryViewDown alert")
+        .1;
+    for (expr, series) in [
+        ("process_resident_memory_bytes > 0", workers.len()),
+        ("process_open_fds > 0", workers.len()),
+        (version.as_str(), workers.len()),
+        (down.as_str(), 0),
+    ] {
+        let result = query(&http, &prometheus.url(), expr).await.expect(expr);
+        assert_eq!(result.len(), series, "{expr}: {result:?}");
+    }
+
     // Every panel parses and returns data; every alert parses.
     let panels = panel_exprs();
     assert!(panels.len() >= 20, "only {} panel queries", panels.len());
