@@ -13,7 +13,8 @@ mkdir -p .tools/run
 echo "==> cargo build --release --bin chat-history-view --example demo" >&2
 cargo build --release --bin chat-history-view --example demo
 
-HISTORY_VIEW_LISTEN="127.0.0.1:$port" HISTORY_VIEW_LOG_FORMAT=text \
+# No orchestrator removes endpoints here: Ctrl-C stops the worker at once (HISTORY_VIEW_SHUTDOWN_DELAY_SECS=0).
+HISTORY_VIEW_LISTEN="127.0.0.1:$port" HISTORY_VIEW_LOG_FORMAT=text HISTORY_VIEW_SHUTDOWN_DELAY_SECS=0 \
     target/release/chat-history-view >"$log" 2>&1 &
 worker=$!
 trap 'kill "$worker" 2>/dev/null || true; wait "$worker" 2>/dev/null || true' EXIT

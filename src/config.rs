@@ -6,7 +6,8 @@
 //! so that no error echoes one, and checks the settings that depend on each other (the partitions).
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::{CommandFactory, Parser};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 
 pub use crate::cache::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use crate::http::{HttpSettings, Inspector};
@@ -59,7 +60,12 @@ impl Config {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let mut config = Self::try_parse_from(args).map_err(name_the_variable)?;
+        let matches = Self::command()
+            .try_get_matches_from(args)
+            .map_err(name_the_variable)?;
+        let mut config = Self::from_arg_matches(&matches)
+            .map_err(|error| name_the_variable(error.format(&mut Self::command())))?;
+        config.read_secret_files(&matches)?;
         if let Err((flag, reason)) = config.resolve_partition(std::env::var("HOSTNAME").ok()) {
             return Err(Self::command().error(
                 ErrorKind::ValueValidation,
@@ -83,6 +89,58 @@ impl Config {
             }
         }
         Ok(config)
+    }
+
+    /// Takes the secrets given as files (`HISTORY_VIEW_MONGODB_URI_FILE`, `HISTORY_VIEW_API_TOKEN_FILE`) from their
+    /// files. A setting and its `_FILE` twin both set is an error naming both; an empty value counts as unset (a
+    /// chart renders a variable it has no value for as `""`, and clap keeps it as an empty value).
+    fn read_secret_files(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        crate::setting::unset_if_empty(&mut self.store.uri_file);
+        crate::setting::unset_if_empty(&mut self.http.api_token_file);
+        // The URI has a default, which is no choice of the operator's.
+        let uri_given = matches.value_source("mongodb_uri") != Some(ValueSource::DefaultValue)
+            && !self.store.uri.expose().is_empty();
+        let token_given = self
+            .http
+            .api_token
+            .as_ref()
+            .is_some_and(|token| !token.expose().is_empty());
+        let twins = [
+            ("mongodb-uri", uri_given, self.store.uri_file.is_some()),
+            ("api-token", token_given, self.http.api_token_file.is_some()),
+        ];
+        for (flag, given, file_given) in twins {
+            if given && file_given {
+                return Err(Self::command().error(
+                    ErrorKind::ArgumentConflict,
+                    format!(
+                        "{} and {} are both set: set one of them",
+                        setting(flag),
+                        setting(&format!("{flag}-file"))
+                    ),
+                ));
+            }
+        }
+        if self.http.api_token_file.is_some() {
+            // Empty beside its file: unset.
+            self.http.api_token = None;
+        }
+        let files = [
+            ("mongodb-uri-file", self.store.read_uri_file()),
+            ("api-token-file", self.http.read_token_file()),
+        ];
+        for (flag, read) in files {
+            if let Err(reason) = read {
+                return Err(Self::command().error(
+                    ErrorKind::ValueValidation,
+                    format!(
+                        "invalid value for {}: {reason} (the content is not shown: it holds credentials)",
+                        setting(flag)
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Checks the partition settings together and takes this worker's partition from `host` (the host name) when

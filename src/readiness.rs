@@ -1,6 +1,7 @@
 //! `Readiness`: whether the worker can serve correct reads now: its NATS subscription is live (confirmed by a
-//! round trip, see [`Coverage`]) and the store answered a ping recently. The ingest loop reports the subscription;
-//! a background task pings the store (the store itself tells [`Coverage`] of outages, as for every query).
+//! round trip, see [`Coverage`]) and the store answered a ping recently, and whether it should be sent any: not
+//! once it is shutting down. The ingest loop reports the subscription; a background task pings the store (the
+//! store itself tells [`Coverage`] of outages, as for every query); the shutdown marks the worker stopping.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,6 +35,9 @@ struct Inner {
     subscribed: AtomicBool,
     /// Milliseconds since `started` of the last successful store ping, plus one (0: never).
     store_ok_at_ms: AtomicU64,
+    /// A stop signal came: `/readyz` answers 503 from then on, while the worker still serves for the shutdown delay
+    /// (so the orchestrator takes it out of the endpoints before it stops accepting). Never cleared.
+    stopping: AtomicBool,
 }
 
 /// One dependency's state, for the `/readyz` body.
@@ -52,6 +56,7 @@ impl Readiness {
                 connected: AtomicBool::new(false),
                 subscribed: AtomicBool::new(false),
                 store_ok_at_ms: AtomicU64::new(0),
+                stopping: AtomicBool::new(false),
             }),
         }
     }
@@ -69,6 +74,26 @@ impl Readiness {
     /// Records whether the display-event subscription exists.
     pub fn set_subscribed(&self, subscribed: bool) {
         self.inner.subscribed.store(subscribed, Ordering::Release);
+    }
+
+    /// Marks the worker as shutting down: from now on it is not ready, whatever its dependencies say.
+    pub fn set_stopping(&self) {
+        self.inner.stopping.store(true, Ordering::Release);
+    }
+
+    /// Whether the worker still takes new clients: false once it is shutting down.
+    pub fn shutdown(&self) -> Check {
+        if self.inner.stopping.load(Ordering::Acquire) {
+            Check {
+                ok: false,
+                detail: "shutting down: still serving for HISTORY_VIEW_SHUTDOWN_DELAY_SECS while the endpoints are removed, then draining",
+            }
+        } else {
+            Check {
+                ok: true,
+                detail: "not shutting down",
+            }
+        }
     }
 
     fn now_ms(&self) -> u64 {

@@ -4,6 +4,7 @@
 //! environment variable to clap's message). A leaf: it depends on nothing in the crate.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A setting that must not appear in logs or `Debug` output (the Mongo URI, the API token, the NATS URL).
@@ -28,6 +29,29 @@ impl fmt::Debug for Secret {
 /// Keeps a secret setting as given; it is checked after parsing so that clap never echoes it.
 pub fn secret(value: &str) -> Result<Secret, std::convert::Infallible> {
     Ok(Secret::new(value))
+}
+
+/// A file's path, as given; an empty one counts as unset (see [`unset_if_empty`]).
+pub fn path(value: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(value))
+}
+
+/// Makes an empty path unset: a Kubernetes chart renders a variable it has no value for as `""`, and clap keeps
+/// an empty variable as an empty value.
+pub fn unset_if_empty(path: &mut Option<PathBuf>) {
+    if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+        *path = None;
+    }
+}
+
+/// Reads a file holding a secret (a mounted Secret's key), as UTF-8 text.
+///
+/// # Errors
+/// The file cannot be read or is not UTF-8: the message names the path and the cause, never the content.
+pub fn read_secret_file(path: &Path) -> Result<String, String> {
+    let bytes =
+        std::fs::read(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+    String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", path.display()))
 }
 
 /// The unit of a duration setting given as a plain number: the unit its variable's name ends with.

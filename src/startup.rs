@@ -1,5 +1,6 @@
 //! `Application`: connects, binds and spawns everything (`build`), then runs until a shutdown signal
-//! (`run_until_stopped`): stop intake, let in-flight reads finish, exit within the drain deadline.
+//! (`run_until_stopped`): answer unready and go on serving for the shutdown delay, then stop intake, let in-flight
+//! reads finish, exit within the drain deadline.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,8 +17,8 @@ use crate::config::{Config, Source};
 use crate::coverage::Coverage;
 use crate::freshness::Freshness;
 use crate::http::{
-    AppState, ConnectionLimits, Peers, RESERVED_CONNECTIONS, TokenDigest, accept_loop,
-    probe_router, reserve_router, router,
+    ApiTokens, AppState, ConnectionLimits, Peers, RESERVED_CONNECTIONS, accept_loop, probe_router,
+    reserve_router, router,
 };
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
@@ -156,11 +157,11 @@ impl Application {
             views,
             metrics,
             readiness,
-            api_token: config.http.api_token.as_ref().map(TokenDigest::new),
+            api_token: config.http.tokens().as_deref().map(ApiTokens::new),
             inspector: config
                 .http
                 .inspector
-                .enabled(config.http.api_token.is_some()),
+                .enabled(config.http.tokens().is_some()),
             reads: Arc::new(Semaphore::new(config.http.max_in_flight)),
             waiting: Arc::new(Semaphore::new(config.http.max_waiting)),
             streams: Arc::new(Semaphore::new(config.http.max_streams)),
@@ -193,8 +194,9 @@ impl Application {
         self.listener.local_addr().map_or(0, |a| a.port())
     }
 
-    /// Runs until `shutdown` completes, then stops consuming, finishes in-flight requests and returns within the
-    /// configured drain time.
+    /// Runs until `shutdown` completes, then serves on for the shutdown delay with `/readyz` answering 503, then
+    /// stops consuming and accepting, finishes in-flight requests and returns within the configured drain time
+    /// ([design 3.4](../docs/design.md#3.4)).
     ///
     /// # Errors
     /// The HTTP server failed or the NATS subscription ended on its own.
@@ -241,6 +243,9 @@ impl Application {
                 .clone()
                 .ping_store_until(store, stop.clone()),
         );
+        if let (Some(tokens), Some(path)) = (&state.api_token, &config.http.api_token_file) {
+            tracker.spawn(tokens.clone().watch_file(path.clone(), stop.clone()));
+        }
         let mut ingest_task = match subscriber {
             Some(subscriber) => {
                 let run = ingest.run(subscriber, probes, stop.clone());
@@ -312,15 +317,21 @@ impl Application {
 
         let outcome = tokio::select! {
             () = shutdown => Ok(()),
-            result = &mut ingest_task => match result {
-                Ok(Ok(())) => Err(anyhow::anyhow!("the NATS subscription or the JetStream source ended")),
-                Ok(Err(error)) => Err(error),
-                Err(join) => Err(anyhow::Error::new(join).context("the ingest task failed")),
-            },
-            result = &mut server_task => match result {
-                Ok(()) => Err(anyhow::anyhow!("the HTTP server stopped")),
-                Err(join) => Err(anyhow::Error::new(join).context("the HTTP server task failed")),
-            },
+            result = &mut ingest_task => Err(ingest_ended(result)),
+            result = &mut server_task => Err(server_ended(result)),
+        };
+
+        let outcome = match outcome {
+            Ok(()) => {
+                keep_serving(
+                    &state,
+                    config.http.shutdown_delay,
+                    &mut ingest_task,
+                    &mut server_task,
+                )
+                .await
+            }
+            failed => failed,
         };
 
         tracing::info!(drain = ?config.http.shutdown_drain, "stopping: no new events or connections; draining");
@@ -354,5 +365,44 @@ impl Application {
         drop(nats);
         tracing::info!("stopped");
         outcome
+    }
+}
+
+/// The shutdown delay: `/readyz` answers 503 at once while everything else goes on as before (the listener accepts,
+/// reads and feeds are answered, events are consumed, so the views stay current) for `delay`, the time the
+/// orchestrator takes to remove the worker from its endpoints; clients it still routes here meanwhile are served,
+/// not refused. Ends early, with its error, if the ingest or the server fails meanwhile.
+async fn keep_serving(
+    state: &AppState,
+    delay: std::time::Duration,
+    ingest_task: &mut tokio::task::JoinHandle<anyhow::Result<()>>,
+    server_task: &mut tokio::task::JoinHandle<()>,
+) -> anyhow::Result<()> {
+    state.readiness.set_stopping();
+    if delay.is_zero() {
+        return Ok(());
+    }
+    tracing::info!(delay = ?delay, "stop requested: /readyz answers 503; serving on while the endpoints are removed");
+    tokio::select! {
+        () = tokio::time::sleep(delay) => Ok(()),
+        result = ingest_task => Err(ingest_ended(result)),
+        result = server_task => Err(server_ended(result)),
+    }
+}
+
+/// Why the ingest task ended before a stop was asked for: it runs until then.
+fn ingest_ended(result: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Error {
+    match result {
+        Ok(Ok(())) => anyhow::anyhow!("the NATS subscription or the JetStream source ended"),
+        Ok(Err(error)) => error,
+        Err(join) => anyhow::Error::new(join).context("the ingest task failed"),
+    }
+}
+
+/// Why the HTTP server ended before a stop was asked for: it runs until then.
+fn server_ended(result: Result<(), tokio::task::JoinError>) -> anyhow::Error {
+    match result {
+        Ok(()) => anyhow::anyhow!("the HTTP server stopped"),
+        Err(join) => anyhow::Error::new(join).context("the HTTP server task failed"),
     }
 }

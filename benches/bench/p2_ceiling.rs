@@ -38,6 +38,8 @@ impl Ceiling {
             mongo_uri,
             "--listen",
             "127.0.0.1:0",
+            "--shutdown-delay-secs",
+            "0",
         ])
         .expect("the ceiling's settings parse");
         let stop = CancellationToken::new();

@@ -16,6 +16,7 @@ fn defaults_match_the_documented_values() {
     assert_eq!(config.cache.max_bytes, DEFAULT_CACHE_MAX_BYTES);
     assert_eq!(config.cache.max_thread_bytes, 64 << 20);
     assert_eq!(config.bounds.store_timeout, Duration::from_millis(2000));
+    assert_eq!(config.http.shutdown_delay, Duration::from_secs(5));
     assert_eq!(config.http.shutdown_drain, Duration::from_secs(5));
     assert_eq!(config.bounds.persist_lag, Duration::from_millis(2000));
     assert_eq!(config.nats.ping_interval, Duration::from_secs(4));
@@ -399,6 +400,7 @@ fn setting_names_are_pinned() {
         "HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY",
         "HISTORY_VIEW_NATS_PING_INTERVAL_SECS",
         "HISTORY_VIEW_MONGODB_URI",
+        "HISTORY_VIEW_MONGODB_URI_FILE",
         "HISTORY_VIEW_MONGODB_DATABASE",
         "HISTORY_VIEW_MONGODB_COLLECTION",
         "HISTORY_VIEW_MONGODB_INDEX_HINT",
@@ -420,8 +422,10 @@ fn setting_names_are_pinned() {
         "HISTORY_VIEW_HTTP_MAX_STREAMS",
         "HISTORY_VIEW_HTTP_HEADER_TIMEOUT_SECS",
         "HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS",
+        "HISTORY_VIEW_SHUTDOWN_DELAY_SECS",
         "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS",
         "HISTORY_VIEW_API_TOKEN",
+        "HISTORY_VIEW_API_TOKEN_FILE",
         "HISTORY_VIEW_INSPECTOR",
         "HISTORY_VIEW_LOG_FORMAT",
     ];
@@ -551,4 +555,164 @@ fn the_readme_names_real_settings_and_their_defaults() {
         checked += 1;
     }
     assert!(checked > 10, "{checked}");
+}
+
+/// A file of its own in the temp dir, holding `content`.
+fn secret_file(name: &str, content: &str) -> std::path::PathBuf {
+    let dir = test_support::process::temp_dir("config");
+    let path = dir.join(name);
+    std::fs::write(&path, content).unwrap();
+    path
+}
+
+#[test]
+fn the_mongodb_uri_comes_from_its_file_without_surrounding_whitespace() {
+    let path = secret_file("uri", "  mongodb://user:pw@db:27017/?tls=true\n");
+    let config = parse(&["--mongodb-uri-file", path.to_str().unwrap()]).unwrap();
+    assert_eq!(
+        config.store.uri.expose(),
+        "mongodb://user:pw@db:27017/?tls=true"
+    );
+    // An empty value counts as unset, for the file and for its twin beside it.
+    let config = parse(&["--mongodb-uri-file", ""]).unwrap();
+    assert_eq!(config.store.uri.expose(), "mongodb://127.0.0.1:27017");
+    let config = parse(&[
+        "--mongodb-uri",
+        "",
+        "--mongodb-uri-file",
+        path.to_str().unwrap(),
+    ])
+    .unwrap();
+    assert!(
+        config
+            .store
+            .uri
+            .expose()
+            .starts_with("mongodb://user:pw@db")
+    );
+}
+
+#[test]
+fn the_api_tokens_come_from_their_file_one_a_line() {
+    let path = secret_file("tokens", "\nold-token\n  new-token  \n\n");
+    let config = parse(&["--api-token-file", path.to_str().unwrap()]).unwrap();
+    let tokens: Vec<String> = config
+        .http
+        .tokens()
+        .unwrap()
+        .iter()
+        .map(|t| t.expose().to_owned())
+        .collect();
+    assert_eq!(tokens, ["old-token", "new-token"]);
+    // An empty token beside the file is unset; without either, no token is required.
+    let config = parse(&[
+        "--api-token",
+        "",
+        "--api-token-file",
+        path.to_str().unwrap(),
+    ])
+    .unwrap();
+    assert_eq!(config.http.tokens().map(|t| t.len()), Some(2));
+    assert!(
+        parse(&["--api-token-file", ""])
+            .unwrap()
+            .http
+            .tokens()
+            .is_none()
+    );
+    // The single token still works.
+    let config = parse(&["--api-token", "s3cret"]).unwrap();
+    assert_eq!(config.http.tokens().map(|t| t.len()), Some(1));
+}
+
+#[test]
+fn a_setting_and_its_file_both_set_fail_naming_both() {
+    let uri = secret_file("uri", "mongodb://db:27017\n");
+    let tokens = secret_file("tokens", "t\n");
+    for (args, names) in [
+        (
+            vec![
+                "--mongodb-uri",
+                "mongodb://other:27017",
+                "--mongodb-uri-file",
+                uri.to_str().unwrap(),
+            ],
+            [
+                "--mongodb-uri (HISTORY_VIEW_MONGODB_URI)",
+                "--mongodb-uri-file (HISTORY_VIEW_MONGODB_URI_FILE)",
+            ],
+        ),
+        (
+            vec![
+                "--api-token",
+                "s3cret",
+                "--api-token-file",
+                tokens.to_str().unwrap(),
+            ],
+            [
+                "--api-token (HISTORY_VIEW_API_TOKEN)",
+                "--api-token-file (HISTORY_VIEW_API_TOKEN_FILE)",
+            ],
+        ),
+    ] {
+        let error = parse(&args).unwrap_err().to_string();
+        for name in names {
+            assert!(error.contains(name), "{args:?}: {error}");
+        }
+        assert!(
+            !error.contains("s3cret") && !error.contains("other:27017"),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_empty_or_bad_secret_file_fails_at_start_naming_the_setting_not_the_content() {
+    let missing = std::env::temp_dir().join("chv-no-such-secret-file");
+    let cases = [
+        (
+            "--mongodb-uri-file",
+            missing.clone(),
+            "--mongodb-uri-file (HISTORY_VIEW_MONGODB_URI_FILE)",
+            "No such file",
+        ),
+        (
+            "--mongodb-uri-file",
+            secret_file("empty-uri", " \n"),
+            "HISTORY_VIEW_MONGODB_URI_FILE",
+            "is empty",
+        ),
+        (
+            "--mongodb-uri-file",
+            secret_file("bad-uri", "postgres://user:hunter2@db\n"),
+            "HISTORY_VIEW_MONGODB_URI_FILE",
+            "must start with mongodb://",
+        ),
+        (
+            "--api-token-file",
+            missing,
+            "--api-token-file (HISTORY_VIEW_API_TOKEN_FILE)",
+            "No such file",
+        ),
+        (
+            "--api-token-file",
+            secret_file("empty-tokens", "\n\n"),
+            "HISTORY_VIEW_API_TOKEN_FILE",
+            "holds no token",
+        ),
+        (
+            "--api-token-file",
+            secret_file("bad-tokens", "good\nhunter2 with spaces\n"),
+            "HISTORY_VIEW_API_TOKEN_FILE",
+            "line 2: must be printable ASCII without whitespace",
+        ),
+    ];
+    for (flag, path, setting, reason) in cases {
+        let error = parse(&[flag, path.to_str().unwrap()]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ValueValidation, "{error}");
+        let error = error.to_string();
+        assert!(error.contains(setting), "{error}");
+        assert!(error.contains(reason), "{error}");
+        assert!(!error.contains("hunter2"), "{error}");
+    }
 }

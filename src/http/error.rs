@@ -9,6 +9,10 @@ use serde_json::json;
 use crate::cache::ReadError;
 use crate::store::StoreError;
 
+/// The header telling a client whether to retry an error answer; the official OpenAI SDKs read it before their
+/// own rules (which retry 408, 409, 429 and every 5xx). Sent as `false` on the answers a retry cannot change.
+pub const SHOULD_RETRY_HEADER: &str = "x-should-retry";
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("thread_id {0}")]
@@ -34,6 +38,9 @@ pub enum ApiError {
     Overloaded,
     #[error("no such resource")]
     NotFound,
+    /// A path the API serves, with a method it does not serve there (the `Allow` header lists those it does).
+    #[error("this method is not allowed on this path")]
+    MethodNotAllowed,
     /// `after` names no item of the conversation's current items.
     #[error("after names no item of this conversation")]
     InvalidCursor,
@@ -57,8 +64,8 @@ pub enum ApiError {
     )]
     Misdirected,
     /// The worker is shutting down: the reason a live feed ends at shutdown (its `end` event,
-    /// [design 3.2](../../docs/design.md#3.2)). No request is answered with it: a stopping worker accepts no
-    /// connection.
+    /// [design 3.2](../../docs/design.md#3.2)). No request is answered with it: a stopping worker answers as usual
+    /// during its shutdown delay, then accepts no connection.
     #[error("the worker is shutting down; reconnect to resume")]
     ShuttingDown,
 }
@@ -79,6 +86,7 @@ impl ApiError {
             }
             ApiError::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
             ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::InvalidCursor => (StatusCode::BAD_REQUEST, "invalid_cursor"),
             ApiError::NoConversation => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::NotCached => (StatusCode::NOT_FOUND, "thread_not_cached"),
@@ -86,6 +94,33 @@ impl ApiError {
             ApiError::Misdirected => (StatusCode::MISDIRECTED_REQUEST, "misdirected"),
             ApiError::VerifyLimited => (StatusCode::TOO_MANY_REQUESTS, "verify_limited"),
             ApiError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        }
+    }
+
+    /// Whether the same request may succeed if sent again unchanged: `Some(false)` for the answers no retry can
+    /// change (bad input, a missing resource or method, a missing or wrong token, a misdirected forward, a query
+    /// the store refuses, a thread too large), sent as `x-should-retry: false` ([`SHOULD_RETRY_HEADER`], the
+    /// header the official OpenAI SDKs honour before their own rules, which retry every 5xx); `None` for the
+    /// passing conditions, which carry `Retry-After` instead ([design 3](../../docs/design.md#3)).
+    fn should_retry(&self) -> Option<bool> {
+        match self {
+            ApiError::InvalidThreadId(_)
+            | ApiError::IncompleteIdentity
+            | ApiError::InvalidQuery(_)
+            | ApiError::InvalidCursor
+            | ApiError::Unauthorized
+            | ApiError::NotFound
+            | ApiError::NoConversation
+            | ApiError::NotCached
+            | ApiError::MethodNotAllowed
+            | ApiError::Misdirected
+            | ApiError::StoreQueryRejected
+            | ApiError::ThreadTooLarge { .. } => Some(false),
+            ApiError::StoreUnavailable(_)
+            | ApiError::Overloaded
+            | ApiError::OwnerUnreachable
+            | ApiError::VerifyLimited
+            | ApiError::ShuttingDown => None,
         }
     }
 
@@ -139,6 +174,9 @@ impl IntoResponse for ApiError {
         self.log();
         let mut response = (status, Json(self.body())).into_response();
         let headers = response.headers_mut();
+        if self.should_retry() == Some(false) {
+            headers.insert(SHOULD_RETRY_HEADER, HeaderValue::from_static("false"));
+        }
         match self {
             ApiError::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -183,6 +221,52 @@ mod tests {
             ApiError::from_read(ReadError::TooLarge { limit: 1 << 20 }, "t").into_response();
         assert_eq!(too_large.status(), StatusCode::INSUFFICIENT_STORAGE);
         assert!(too_large.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn permanent_errors_say_not_to_retry_and_passing_ones_say_when_to() {
+        let permanent = [
+            ApiError::InvalidThreadId("is empty"),
+            ApiError::IncompleteIdentity,
+            ApiError::InvalidQuery("limit".into()),
+            ApiError::InvalidCursor,
+            ApiError::Unauthorized,
+            ApiError::NotFound,
+            ApiError::NoConversation,
+            ApiError::NotCached,
+            ApiError::MethodNotAllowed,
+            ApiError::Misdirected,
+            ApiError::StoreQueryRejected,
+            ApiError::ThreadTooLarge { limit: 1 << 20 },
+        ];
+        for error in permanent {
+            let name = format!("{error:?}");
+            let response = error.into_response();
+            assert_eq!(response.headers()[SHOULD_RETRY_HEADER], "false", "{name}");
+            assert!(
+                response.headers().get(header::RETRY_AFTER).is_none(),
+                "{name}"
+            );
+        }
+        let passing = [
+            ApiError::Overloaded,
+            ApiError::OwnerUnreachable,
+            ApiError::VerifyLimited,
+            ApiError::ShuttingDown,
+            ApiError::from_read(
+                StoreError::Timeout(std::time::Duration::from_secs(1)).into(),
+                "t",
+            ),
+        ];
+        for error in passing {
+            let name = format!("{error:?}");
+            let response = error.into_response();
+            assert!(
+                response.headers().get(SHOULD_RETRY_HEADER).is_none(),
+                "{name}"
+            );
+            assert_eq!(response.headers()[header::RETRY_AFTER], "1", "{name}");
+        }
     }
 
     #[test]

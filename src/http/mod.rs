@@ -14,6 +14,7 @@ mod read;
 mod route;
 mod serve;
 mod settings;
+mod tokens;
 
 use std::sync::Arc;
 
@@ -23,21 +24,19 @@ use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{MethodRouter, get};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
-pub use error::ApiError;
+pub use error::{ApiError, SHOULD_RETRY_HEADER};
 pub use metrics::HttpMetrics;
 pub use read::{COVERED_THROUGH_HEADER, SOURCE_HEADER, ThreadId, canonical_object_id};
 pub use route::{FORWARDED_HEADER, Peers};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
 pub use settings::{HttpSettings, Inspector};
+pub use tokens::ApiTokens;
 
 use crate::cache::ViewCache;
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
-use crate::setting::Secret;
 use metrics::HttpRefusal;
 
 /// What every handler may use. Cloning is cheap.
@@ -46,8 +45,9 @@ pub struct AppState {
     pub views: ViewCache,
     pub metrics: Metrics,
     pub readiness: Readiness,
-    /// When set, `/v1/*` requires `Authorization: Bearer <token>`.
-    pub api_token: Option<TokenDigest>,
+    /// When set, `/v1/*` requires `Authorization: Bearer <token>` with one of these tokens
+    /// (`HISTORY_VIEW_API_TOKEN`, or the lines of `HISTORY_VIEW_API_TOKEN_FILE`, which its watcher follows).
+    pub api_token: Option<ApiTokens>,
     /// Whether `/inspect/threads/{thread_id}` serves the inspector page (`HISTORY_VIEW_INSPECTOR`).
     pub inspector: bool,
     /// The OpenAPI document as JSON, served at `/openapi.json`.
@@ -113,6 +113,7 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
         .merge(feeds)
         .route("/inspect/threads/{thread_id}", get(explain::inspector))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), count_errors));
     operations(api).with_state(state)
 }
@@ -140,10 +141,17 @@ fn operations(router: Router<AppState>) -> Router<AppState> {
         .route("/readyz", get(operations::readyz))
         .route("/metrics", get(operations::metrics))
         .route("/openapi.json", get(operations::openapi))
+        .method_not_allowed_fallback(method_not_allowed)
 }
 
 async fn not_found() -> ApiError {
     ApiError::NotFound
+}
+
+/// A known path with a method it does not serve: the JSON error body every other error has (axum's own 405 is
+/// empty), and axum still adds the `Allow` header.
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
 }
 
 async fn overloaded() -> ApiError {
@@ -200,22 +208,6 @@ impl Drop for WaitingRead<'_> {
     }
 }
 
-/// The configured API token, kept only as its SHA-256 digest: a presented token is hashed and the digests are
-/// compared in constant time, so the timing shows neither the token's bytes nor its length.
-#[derive(Clone)]
-pub struct TokenDigest([u8; 32]);
-
-impl TokenDigest {
-    pub fn new(token: &Secret) -> Self {
-        Self(Sha256::digest(token.expose().as_bytes()).into())
-    }
-
-    fn matches(&self, presented: &[u8]) -> bool {
-        let presented: [u8; 32] = Sha256::digest(presented).into();
-        bool::from(presented.ct_eq(&self.0))
-    }
-}
-
 /// The token of an `Authorization` header value: the `Bearer` scheme in any case (RFC 9110: schemes are
 /// case-insensitive), then one or more spaces.
 fn bearer_token(value: &[u8]) -> Option<&[u8]> {
@@ -249,10 +241,11 @@ async fn require_token(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::setting::Secret;
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive_and_the_token_exact() {
-        let digest = TokenDigest::new(&Secret::new("s3cret"));
+        let digest = ApiTokens::new(&[Secret::new("s3cret")]);
         for accepted in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret"] {
             let token = bearer_token(accepted.as_bytes());
             assert!(token.is_some_and(|t| digest.matches(t)), "{accepted}");

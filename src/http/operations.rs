@@ -13,8 +13,9 @@ pub async fn healthz() -> impl IntoResponse {
 }
 
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    let (nats, store) = (state.readiness.nats(), state.readiness.store());
-    let ready = nats.ok && store.ok;
+    let readiness = &state.readiness;
+    let (nats, store, shutdown) = (readiness.nats(), readiness.store(), readiness.shutdown());
+    let ready = nats.ok && store.ok && shutdown.ok;
     let status = if ready {
         StatusCode::OK
     } else {
@@ -25,6 +26,7 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
         "checks": {
             "nats": {"ok": nats.ok, "detail": nats.detail},
             "store": {"ok": store.ok, "detail": store.detail},
+            "shutdown": {"ok": shutdown.ok, "detail": shutdown.detail},
         }
     });
     (status, Json(body))

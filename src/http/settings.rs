@@ -1,7 +1,8 @@
 //! The HTTP API's settings (help heading "HTTP"): where it listens, its connection and request limits, its
-//! timeouts, the drain on shutdown, the API token and the inspector page.
+//! timeouts, the delay and the drain on shutdown, the API token and the inspector page.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::ConnectionLimits;
@@ -75,6 +76,13 @@ pub struct HttpSettings {
     #[arg(id = "http_idle_timeout_secs", value_name = "HTTP_IDLE_TIMEOUT_SECS", long = "http-idle-timeout-secs", alias = "http-idle-timeout", env = "HISTORY_VIEW_HTTP_IDLE_TIMEOUT_SECS", default_value = "60", value_parser = secs)]
     pub idle_timeout: Duration,
 
+    /// Seconds (or a duration with a unit; 0 allowed) the worker goes on serving after SIGTERM or Ctrl-C, with
+    /// /readyz answering 503, before it stops accepting connections and drains: the time the orchestrator takes to
+    /// take it out of its Service's endpoints, so that no client is sent to a closed port. The pod's termination
+    /// grace period must exceed this delay plus HISTORY_VIEW_SHUTDOWN_DRAIN_SECS.
+    #[arg(id = "shutdown_delay_secs", value_name = "SHUTDOWN_DELAY_SECS", long = "shutdown-delay-secs", env = "HISTORY_VIEW_SHUTDOWN_DELAY_SECS", default_value = "5", value_parser = delay)]
+    pub shutdown_delay: Duration,
+
     /// Seconds (or a duration with a unit) allowed for draining in-flight requests on shutdown.
     #[arg(id = "shutdown_drain_secs", value_name = "SHUTDOWN_DRAIN_SECS", long = "shutdown-drain-secs", env = "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS", default_value = "5", value_parser = secs)]
     pub shutdown_drain: Duration,
@@ -83,8 +91,21 @@ pub struct HttpSettings {
     #[arg(id = "api_token", value_name = "API_TOKEN", long = "api-token", env = "HISTORY_VIEW_API_TOKEN", hide_env_values = true, value_parser = setting::secret)]
     pub api_token: Option<Secret>,
 
-    /// The thread inspector page (/inspect/threads/{id}; it shows message text): auto (served unless
-    /// HISTORY_VIEW_API_TOKEN is set, because a browser's page cannot send the token without it being typed in),
+    /// File of bearer tokens /v1/* accepts instead, one a line (blank lines and surrounding whitespace ignored; all
+    /// of them are valid at once, so a rotation adds the new token, moves the clients, then removes the old one).
+    /// Read again every second, by its path (a mounted Secret's update is seen): a change takes effect within
+    /// seconds without a restart; a file that becomes unreadable or empty keeps the tokens read last. Setting it and
+    /// HISTORY_VIEW_API_TOKEN is an error.
+    #[arg(id = "api_token_file", value_name = "API_TOKEN_FILE", long = "api-token-file", env = "HISTORY_VIEW_API_TOKEN_FILE", value_parser = setting::path)]
+    pub api_token_file: Option<PathBuf>,
+
+    /// The tokens HISTORY_VIEW_API_TOKEN_FILE held at start ([`HttpSettings::read_token_file`]): the set the API
+    /// starts with, before the file's watcher reads it again.
+    #[arg(skip)]
+    pub file_tokens: Vec<Secret>,
+
+    /// The thread inspector page (/inspect/threads/{id}; it shows message text): auto (served unless an API token
+    /// is set, because a browser's page cannot send the token without it being typed in),
     /// on, or off.
     #[arg(
         long,
@@ -105,27 +126,43 @@ impl HttpSettings {
         }
     }
 
+    /// The tokens `/v1/*` accepts at start, or `None` when it requires none.
+    pub fn tokens(&self) -> Option<Vec<Secret>> {
+        match (&self.api_token, &self.api_token_file) {
+            (Some(token), _) => Some(vec![token.clone()]),
+            (None, Some(_)) => Some(self.file_tokens.clone()),
+            (None, None) => None,
+        }
+    }
+
     /// Checks the token after parsing, so that an error never echoes it. A token with whitespace or control
     /// characters (a trailing newline from a file, say) could never be presented in an `Authorization` header as it
-    /// is: refused at start rather than refusing every request.
+    /// is: refused at start rather than refusing every request. An empty one is refused too: set but empty is more
+    /// likely a missing Secret than a wish to turn authentication off.
     pub(crate) fn check_token(&self) -> Result<(), String> {
         let Some(token) = &self.api_token else {
             return Ok(());
         };
-        let value = token.expose();
-        if value.is_empty() {
-            Err("must not be empty when set (unset it to disable authentication)".into())
-        } else if value
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || !c.is_ascii())
-        {
-            Err(
-                "must be printable ASCII without whitespace (a trailing newline, for example)"
-                    .into(),
-            )
-        } else {
-            Ok(())
+        if token.expose().is_empty() {
+            return Err("must not be empty when set (unset it to disable authentication)".into());
         }
+        super::tokens::check(token.expose())
+            .map_err(|reason| format!("{reason} (a trailing newline, for example)"))
+    }
+
+    /// Reads `HISTORY_VIEW_API_TOKEN_FILE` when it is set: its tokens become [`HttpSettings::file_tokens`].
+    ///
+    /// # Errors
+    /// The file cannot be read, is not UTF-8, holds no token or a line that is no token; the message never shows
+    /// the content.
+    pub(crate) fn read_token_file(&mut self) -> Result<(), String> {
+        let Some(path) = &self.api_token_file else {
+            return Ok(());
+        };
+        let text = setting::read_secret_file(path)?;
+        self.file_tokens = super::tokens::parse(&text)
+            .map_err(|reason| format!("{}: {reason}", path.display()))?;
+        Ok(())
     }
 }
 
@@ -135,4 +172,10 @@ fn limit(value: &str) -> Result<usize, String> {
 
 fn secs(value: &str) -> Result<Duration, String> {
     setting::duration(value, Unit::Secs, POSITIVE, DAY)
+}
+
+/// The shutdown delay: 0 (stop at once, as where nothing routes by endpoints) to an hour (more is a typo: the
+/// orchestrator's grace period has to cover it).
+fn delay(value: &str) -> Result<Duration, String> {
+    setting::duration(value, Unit::Secs, Duration::ZERO, Duration::from_secs(3600))
 }

@@ -2,6 +2,7 @@
 //! name ([`StoreSettings`]), and the two bounds every component shares, the store timeout and the persister-lag
 //! bound ([`StoreBounds`]).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -21,6 +22,11 @@ pub struct StoreSettings {
     /// MongoDB connection string; may hold credentials and is never logged.
     #[arg(id = "mongodb_uri", value_name = "MONGODB_URI", long = "mongodb-uri", env = "HISTORY_VIEW_MONGODB_URI", default_value = "mongodb://127.0.0.1:27017", hide_env_values = true, value_parser = setting::secret)]
     pub uri: Secret,
+
+    /// File holding the MongoDB connection string instead (a mounted Secret's key, so the URI is in no environment);
+    /// read once at start, surrounding whitespace ignored. Setting it and HISTORY_VIEW_MONGODB_URI is an error.
+    #[arg(id = "mongodb_uri_file", value_name = "MONGODB_URI_FILE", long = "mongodb-uri-file", env = "HISTORY_VIEW_MONGODB_URI_FILE", value_parser = setting::path)]
+    pub uri_file: Option<PathBuf>,
 
     /// Database holding aihub's event collection.
     #[arg(id = "mongodb_database", value_name = "MONGODB_DATABASE", long = "mongodb-database", env = "HISTORY_VIEW_MONGODB_DATABASE", default_value = "aihub", value_parser = setting::name)]
@@ -50,6 +56,24 @@ impl StoreSettings {
     /// The index a fill names, or `None` when disabled.
     pub fn display_hint(&self) -> Option<&str> {
         Some(self.fill_index_hint.trim()).filter(|h| !h.is_empty())
+    }
+
+    /// Takes the URI from `HISTORY_VIEW_MONGODB_URI_FILE` when it is set, and checks it as [`Self::check_uri`] does.
+    ///
+    /// # Errors
+    /// The file cannot be read, is empty, or holds no MongoDB URI; the message never shows the content.
+    pub(crate) fn read_uri_file(&mut self) -> Result<(), String> {
+        let Some(path) = &self.uri_file else {
+            return Ok(());
+        };
+        let text = setting::read_secret_file(path)?;
+        let uri = text.trim();
+        if uri.is_empty() {
+            return Err(format!("{} is empty", path.display()));
+        }
+        self.uri = Secret::new(uri);
+        self.check_uri()
+            .map_err(|reason| format!("the URI in {} {reason}", path.display()))
     }
 
     /// A seed list (`mongodb://`) or an SRV name (`mongodb+srv://`, resolved by the driver when it first connects);

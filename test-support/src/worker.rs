@@ -1,6 +1,7 @@
 //! The worker binary as a guarded child process, configured by environment as it is deployed: none of this
 //! process's own `HISTORY_VIEW_*` variables leak in, it listens on a free port of 127.0.0.1, logs JSON to a file in
-//! its temp dir, and counts as started once `/healthz` answers. Killed (SIGKILL) on drop.
+//! its temp dir, stops at once on SIGTERM (no shutdown delay unless a test sets one), and counts as started once
+//! `/healthz` answers. Killed (SIGKILL) on drop.
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
@@ -50,6 +51,9 @@ impl WorkerProcess {
             ("HISTORY_VIEW_LISTEN", format!("127.0.0.1:{port}")),
             ("HISTORY_VIEW_LOG_FORMAT", "json".to_owned()),
             ("RUST_LOG", "info".to_owned()),
+            // A test's SIGTERM stops the worker at once: no orchestrator removes endpoints here. The tests of the
+            // shutdown delay set it themselves.
+            ("HISTORY_VIEW_SHUTDOWN_DELAY_SECS", "0".to_owned()),
         ];
         let env = defaults
             .into_iter()

@@ -94,6 +94,9 @@ pub fn base_config(nats_url: &str, mongodb_uri: &str, database: &str) -> Config 
         "text",
         "--persist-lag-ms",
         "0",
+        // Tests stop their apps at once; the delay is for an orchestrator's endpoints (tests/api/shutdown.rs).
+        "--shutdown-delay-secs",
+        "0",
     ])
     .expect("test configuration parses")
 }

@@ -96,10 +96,49 @@ async fn bad_thread_ids_and_half_identities_are_400_with_json_errors() {
         assert_eq!(reply.status, 400, "{path}: {}", reply.body);
         assert_eq!(reply.json()["error"]["code"], code, "{path}");
         assert!(reply.json()["error"]["message"].is_string());
+        assert_eq!(reply.header("x-should-retry"), Some("false"), "{path}");
     }
     let reply = app.api.get("/v1/nowhere", &[]).await;
     assert_eq!(reply.status, 404);
     assert_eq!(reply.json()["error"]["code"], "not_found");
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
+}
+
+/// Issue 37: a 405 had an empty body. It is the JSON error every other error is, with `Allow`, and not retryable.
+#[tokio::test]
+async fn a_method_a_path_does_not_serve_is_a_405_with_a_json_error_and_allow() {
+    let app = spawn_app().await;
+    for (method, path, allow) in [
+        (
+            reqwest::Method::DELETE,
+            "/v1/threads/t1/history",
+            "GET,HEAD",
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/conversations/t1/items",
+            "GET,HEAD",
+        ),
+        (reqwest::Method::GET, "/v1/threads/t1/verify", "POST"),
+        (reqwest::Method::POST, "/readyz", "GET,HEAD"),
+    ] {
+        let response = app
+            .api
+            .http
+            .request(method.clone(), format!("{}{path}", app.api.address))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 405, "{method} {path}");
+        let headers = response.headers().clone();
+        assert_eq!(headers["x-should-retry"], "false", "{method} {path}");
+        assert_eq!(headers["allow"], allow, "{method} {path}");
+        let body: serde_json::Value = response.json().await.expect("a JSON body");
+        assert_eq!(
+            body["error"]["code"], "method_not_allowed",
+            "{method} {path}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -121,6 +160,7 @@ async fn a_configured_token_is_required_on_the_read_api_only() {
         assert_eq!(reply.status, 401, "{headers:?}");
         assert_eq!(reply.json()["error"]["code"], "unauthorized");
         assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
+        assert_eq!(reply.header("x-should-retry"), Some("false"));
     }
     // The scheme is case-insensitive (RFC 9110).
     for scheme in ["Bearer", "bearer", "BEARER"] {

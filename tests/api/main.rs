@@ -44,6 +44,8 @@ mod chaos;
 mod shadow;
 // Graceful shutdown.
 mod shutdown;
+// Secrets from mounted files: the MongoDB URI, API tokens rotated without a restart.
+mod secrets;
 // Metrics and readiness.
 mod operations;
 // The demo conversation behind `make run`.

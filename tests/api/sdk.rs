@@ -1,7 +1,8 @@
 //! The Conversations endpoints through the official OpenAI Python SDK (`tests/sdk/conversations.py`, `openai` as
 //! pinned in `scripts/services.sh`, strict response validation on): every store conformance case and random
 //! threads, listed with the SDK's auto-pagination in both orders and several limits, read as exactly the history's
-//! messages, with the same text and parts; and `conversations.retrieve`.
+//! messages, with the same text and parts; and `conversations.retrieve`. Both run with the SDK's default retries;
+//! `tests/sdk/retries.py` shows which error answers the SDK sends again, counted by the worker.
 
 use std::collections::HashSet;
 
@@ -11,9 +12,10 @@ use test_support::process::temp_dir;
 use test_support::servers::{MongoServer, NatsServer, python};
 
 use crate::cases;
-use crate::helpers::{BinaryApp, TestStore, item_to_message, unique};
+use crate::helpers::{BinaryApp, TestStore, chunk_row, item_to_message, unique, user_row};
 use crate::projector::decode_rows;
 use crate::threads;
+use test_support::scrape::metric;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_sdk_pages_every_thread_as_the_history() {
@@ -156,4 +158,117 @@ fn rows_of(rows: &[Value], thread: &str) -> Vec<Value> {
         .filter(|row| row["thread_id"] == thread)
         .cloned()
         .collect()
+}
+
+/// Issue 37: with its default retries, the official SDK made three requests of one `items.list` of a too-large
+/// thread (507), each a full store read, because it retries every 5xx. The permanent errors now say
+/// `x-should-retry: false`: the worker receives exactly one request for each of a 507, a 404, a 400 and a 405 (the
+/// last with its JSON body, whose code the SDK reports). An overload (503 with `Retry-After`) is still retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdk_sends_a_permanent_error_once_and_retries_an_overload() {
+    let mongo = MongoServer::start();
+    let nats = NatsServer::start();
+    let database = unique("sdk-retries");
+    let store = TestStore::connect(&mongo.uri(), &database).await;
+    store.create_aihub_indexes().await;
+    let big = "x".repeat(100_000);
+    store
+        .insert_rows(&[
+            user_row("sdk-too-large", "d1", "u1", 1, "Q"),
+            chunk_row("sdk-too-large", "d1", "A", "c1", 2, &big),
+            chunk_row("sdk-too-large", "d1", "A", "c2", 3, &big),
+            user_row("sdk-small", "d1", "u2", 1, "Q"),
+            chunk_row("sdk-small", "d1", "A", "c3", 2, "A"),
+        ])
+        .await;
+    let app = BinaryApp::start(&[
+        ("HISTORY_VIEW_NATS_URL", nats.url()),
+        ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+        ("HISTORY_VIEW_MONGODB_DATABASE", database),
+        ("HISTORY_VIEW_MAX_THREAD_BYTES", "64KiB".to_owned()),
+        // One read at a time: a read held in flight turns the next into a 503 overloaded.
+        ("HISTORY_VIEW_HTTP_MAX_IN_FLIGHT", "1".to_owned()),
+        ("HISTORY_VIEW_STORE_TIMEOUT_MS", "60000".to_owned()),
+    ])
+    .await;
+    app.wait_ready().await;
+    let base_url = format!("{}/v1", app.api.address);
+    let errors = |text: &str, status: u16| {
+        metric(
+            text,
+            &format!("history_view_read_errors_total{{code=\"{status}\"}}"),
+        )
+    };
+
+    let mut default_retries = 0;
+    for (call, thread, status, code) in [
+        ("too_large", "sdk-too-large", 507, "thread_too_large"),
+        ("not_found", "sdk-no-such-thread", 404, "not_found"),
+        ("bad_request", "sdk-small", 400, "invalid_query"),
+        ("method_not_allowed", "sdk-small", 405, "method_not_allowed"),
+    ] {
+        let before = errors(&app.api.metrics().await, status);
+        let report = run_retries(&base_url, thread, call).await;
+        assert_eq!(report[call]["status"], status, "{call}: {report}");
+        assert_eq!(report[call]["code"], code, "{call}: {report}");
+        let received = errors(&app.api.metrics().await, status) - before;
+        assert_eq!(
+            received, 1.0,
+            "{call}: the worker received {received} requests"
+        );
+        default_retries = report["max_retries"].as_u64().expect("the SDK's default");
+    }
+    // Otherwise the counts above would prove nothing.
+    assert!(
+        default_retries >= 1,
+        "the SDK's default retries: {default_retries}"
+    );
+
+    // A read of a thread not cached holds the one in-flight permit while the store is frozen; the SDK's list is
+    // answered 503 overloaded with Retry-After at once, every time, and sent again after each.
+    let misses = |text: &str| metric(text, "history_view_cache_misses_total");
+    let misses_before = misses(&app.api.metrics().await);
+    mongo.pause();
+    let api = app.api.clone();
+    let held = tokio::spawn(async move { api.history("sdk-held", "").await });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while misses(&app.api.metrics().await) <= misses_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the held read never reached the store"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let before = errors(&app.api.metrics().await, 503);
+    let report = run_retries(&base_url, "sdk-small", "overloaded").await;
+    let received = errors(&app.api.metrics().await, 503) - before;
+    mongo.resume();
+    assert_eq!(report["overloaded"]["status"], 503, "{report}");
+    assert_eq!(report["overloaded"]["code"], "overloaded", "{report}");
+    assert_eq!(
+        received,
+        (1 + default_retries) as f64,
+        "the worker received {received} requests of a retried overload"
+    );
+    assert_eq!(held.await.expect("the held read").status, 200);
+}
+
+/// Runs `tests/sdk/retries.py` for one call on `thread` and returns its report.
+async fn run_retries(base_url: &str, thread: &str, call: &str) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/retries.py");
+    let args = [script, base_url, thread, call].map(str::to_owned);
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python())
+            .args(args)
+            .output()
+            .expect("the tools' python runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "the SDK script failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the script's JSON report")
 }

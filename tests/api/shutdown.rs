@@ -1,7 +1,9 @@
-//! Graceful shutdown: SIGTERM with a read in flight completes that read, then the process exits within the drain.
+//! Graceful shutdown: SIGTERM makes `/readyz` answer 503 at once while the worker serves on for the shutdown delay
+//! (no read refused), then a read in flight completes and the process exits within the drain.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::helpers::{BinaryApp, TestStore, chunk_row, metric, spawn_app, turns, unique, user_row};
 use test_support::servers::{MongoServer, NatsServer};
@@ -24,6 +26,7 @@ async fn sigterm_with_a_read_in_flight_completes_the_read_and_exits_in_time() {
         ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
         ("HISTORY_VIEW_MONGODB_DATABASE", database),
         ("HISTORY_VIEW_STORE_TIMEOUT_MS", "20000".to_owned()),
+        ("HISTORY_VIEW_SHUTDOWN_DELAY_SECS", "0".to_owned()),
         ("HISTORY_VIEW_SHUTDOWN_DRAIN_SECS", "5".to_owned()),
     ])
     .await;
@@ -33,10 +36,10 @@ async fn sigterm_with_a_read_in_flight_completes_the_read_and_exits_in_time() {
     mongo.pause();
     let api = app.api.clone();
     let read = tokio::spawn(async move { api.history("t1", "").await });
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while metric(&app.api.metrics().await, "history_view_cache_misses_total") < 1.0 {
         assert!(
-            std::time::Instant::now() < deadline,
+            Instant::now() < deadline,
             "the read never reached the worker"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -70,4 +73,141 @@ async fn a_stop_request_ends_the_application_within_the_drain_time() {
     app.stop_within(Duration::from_secs(10))
         .await
         .expect("a clean stop");
+}
+
+/// Issue 37: on SIGTERM the listener closed at once, so a rolling update refused the connections Kubernetes still
+/// sent while it removed the pod from the endpoints. Now `/readyz` answers 503 right after the signal, the worker
+/// goes on answering reads for `HISTORY_VIEW_SHUTDOWN_DELAY_SECS`, and exits after the delay and the drain.
+///
+/// Every read opens a connection of its own, so a closed listener would show as a refused connection. The delay is
+/// long (20 s) against the reads the test asserts after `/readyz` went 503 (a few seconds' worth), and the exit is
+/// checked from below (not before the delay, which the worker sleeps) with a wide bound above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_makes_the_worker_unready_and_it_serves_on_through_the_delay_refusing_none() {
+    const DELAY: Duration = Duration::from_secs(20);
+    const DRAIN: Duration = Duration::from_secs(5);
+    let mongo = MongoServer::start();
+    let nats = NatsServer::start();
+    let database = unique("shutdown-delay");
+    let store = TestStore::connect(&mongo.uri(), &database).await;
+    store.create_aihub_indexes().await;
+    store
+        .insert_rows(&[
+            user_row("t1", "d1", "e1", 1, "Q"),
+            chunk_row("t1", "d1", "A", "e2", 2, "A"),
+        ])
+        .await;
+    let mut app = BinaryApp::start(&[
+        ("HISTORY_VIEW_NATS_URL", nats.url()),
+        ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+        ("HISTORY_VIEW_MONGODB_DATABASE", database),
+        (
+            "HISTORY_VIEW_SHUTDOWN_DELAY_SECS",
+            DELAY.as_secs().to_string(),
+        ),
+        (
+            "HISTORY_VIEW_SHUTDOWN_DRAIN_SECS",
+            DRAIN.as_secs().to_string(),
+        ),
+    ])
+    .await;
+    app.wait_ready().await;
+
+    // No connection pool: each request connects anew.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let history = format!("{}/v1/threads/t1/history", app.api.address);
+    let readyz = format!("{}/readyz", app.api.address);
+
+    // Reads go on, one after another, from before the signal until the test has seen enough after /readyz went 503.
+    let unready = Arc::new(AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let (client, unready) = (client.clone(), Arc::clone(&unready));
+        async move {
+            let (mut before, mut after, mut failures) = (0, 0, Vec::new());
+            while after < 30 {
+                let seen_unready = unready.load(Ordering::Acquire);
+                match client.get(&history).send().await {
+                    Ok(reply) if reply.status() == 200 => {}
+                    Ok(reply) => failures.push(format!("status {}", reply.status())),
+                    Err(error) => failures.push(format!("{error:?}")),
+                }
+                if seen_unready {
+                    after += 1;
+                } else {
+                    before += 1;
+                }
+                assert!(failures.len() < 5, "reads failed: {failures:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (before, after, failures)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let signalled = Instant::now();
+    app.terminate();
+    // /readyz says so as soon as the signal is handled, naming the cause; meanwhile it always answers.
+    let body = loop {
+        let reply = client
+            .get(&readyz)
+            .send()
+            .await
+            .expect("/readyz answers after SIGTERM");
+        let status = reply.status();
+        let body: serde_json::Value = reply.json().await.expect("a JSON /readyz body");
+        if status == 503 {
+            break body;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(10),
+            "/readyz still ready after SIGTERM: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    unready.store(true, Ordering::Release);
+    assert_eq!(body["ready"], false, "{body}");
+    assert_eq!(body["checks"]["shutdown"]["ok"], false, "{body}");
+    assert!(
+        body["checks"]["shutdown"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("shutting down")),
+        "{body}"
+    );
+    // Its dependencies are fine: only the shutdown makes it unready.
+    assert_eq!(body["checks"]["nats"]["ok"], true, "{body}");
+    assert_eq!(body["checks"]["store"]["ok"], true, "{body}");
+
+    let (before, after, failures) = reader.await.expect("the reader");
+    assert!(
+        failures.is_empty(),
+        "reads failed during the delay: {failures:?}"
+    );
+    assert!(
+        before > 0 && after >= 30,
+        "{before} reads before, {after} after"
+    );
+    assert!(
+        app.wait_exit(Duration::from_millis(10)).await.is_none(),
+        "exited during the delay"
+    );
+    assert!(
+        app.log_lines("serving on while the endpoints are removed")
+            .len()
+            == 1,
+        "the delay is not logged"
+    );
+
+    let status = app
+        .wait_exit(DELAY + DRAIN + Duration::from_secs(30))
+        .await
+        .expect("the process exits after the delay and the drain");
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        signalled.elapsed() >= DELAY,
+        "exited {:?} after SIGTERM, before the {DELAY:?} delay",
+        signalled.elapsed()
+    );
 }

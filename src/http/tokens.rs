@@ -1,0 +1,282 @@
+//! The bearer tokens `/v1/*` accepts ([design 3.4](../../docs/design.md#3.4)): the one of `HISTORY_VIEW_API_TOKEN`,
+//! or every line of `HISTORY_VIEW_API_TOKEN_FILE`, which is read again every second so that tokens rotate without a
+//! restart. Each token is kept only as its SHA-256 digest, and a presented token is compared with every one of them
+//! in constant time.
+//!
+//! Chosen: polling the file by its path rather than watching it. Kubernetes updates a mounted Secret by swapping a
+//! `..data` symlink to a new directory, never by writing the file, so a watch on the file sees nothing (and one on
+//! the directory depends on the volume type); reading a small file once a second by path follows the link, costs
+//! nothing measurable, and works alike for every way the file can be replaced.
+
+use std::path::PathBuf;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use subtle::{Choice, ConstantTimeEq};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::setting::Secret;
+
+/// How often the token file is read again: a token added or removed takes effect within this (plus the read), well
+/// within the 5 s a rotation may take.
+pub const TOKEN_FILE_POLL: Duration = Duration::from_secs(1);
+
+/// While the token file stays unreadable or unusable, its warning repeats at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// One configured token, kept only as its SHA-256 digest: a presented token is hashed and the digests are compared
+/// in constant time, so the timing shows neither the token's bytes nor its length.
+/// (`PartialEq` compares configured tokens with each other, never with a presented one.)
+#[derive(Clone, PartialEq, Eq)]
+pub struct TokenDigest([u8; 32]);
+
+impl TokenDigest {
+    pub fn new(token: &Secret) -> Self {
+        Self(Sha256::digest(token.expose().as_bytes()).into())
+    }
+}
+
+/// The tokens accepted now. Cloning is cheap: the clones share the set, which the file's watcher replaces.
+#[derive(Clone)]
+pub struct ApiTokens {
+    /// Replaced whole by the watcher; read by every request. A std lock: never held across an `.await`.
+    digests: Arc<RwLock<Vec<TokenDigest>>>,
+}
+
+impl ApiTokens {
+    pub fn new(tokens: &[Secret]) -> Self {
+        Self {
+            digests: Arc::new(RwLock::new(tokens.iter().map(TokenDigest::new).collect())),
+        }
+    }
+
+    /// Whether `presented` is one of the tokens. Every digest is compared, in constant time, whichever matches.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let presented: [u8; 32] = Sha256::digest(presented).into();
+        let digests = self.digests.read().unwrap_or_else(PoisonError::into_inner);
+        let matched = digests.iter().fold(Choice::from(0), |matched, digest| {
+            matched | presented.ct_eq(&digest.0)
+        });
+        bool::from(matched)
+    }
+
+    /// Makes `tokens` the accepted set; returns whether it differs from the set before.
+    fn replace(&self, tokens: &[Secret]) -> bool {
+        let digests: Vec<TokenDigest> = tokens.iter().map(TokenDigest::new).collect();
+        let mut current = self.digests.write().unwrap_or_else(PoisonError::into_inner);
+        let changed = *current != digests;
+        *current = digests;
+        changed
+    }
+
+    /// Reads `path` every [`TOKEN_FILE_POLL`] until `stop`, and makes its tokens the accepted set whenever its
+    /// content changes to a usable one. The file was read at start (a bad one stopped the start), so this only
+    /// follows rotations.
+    pub async fn watch_file(self, path: PathBuf, stop: CancellationToken) {
+        let mut file = TokenFile::new(self);
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(TOKEN_FILE_POLL) => {}
+            }
+            let read = {
+                let path = path.clone();
+                // A read of a mounted file can block (a network volume): off the runtime's threads.
+                tokio::task::spawn_blocking(move || std::fs::read(path)).await
+            };
+            let read = read.unwrap_or_else(|join| Err(std::io::Error::other(join)));
+            file.apply(read, Instant::now());
+        }
+    }
+}
+
+/// The tokens of a token file's text: one a line; blank lines and whitespace around a token are ignored.
+///
+/// # Errors
+/// No token at all, or a line that is no token (printable ASCII without whitespace); the message gives the line's
+/// number, never its text.
+pub fn parse(text: &str) -> Result<Vec<Secret>, String> {
+    let mut tokens = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let token = line.trim();
+        if token.is_empty() {
+            continue;
+        }
+        check(token).map_err(|reason| format!("line {}: {reason}", number + 1))?;
+        tokens.push(Secret::new(token));
+    }
+    if tokens.is_empty() {
+        return Err("holds no token (one a line)".into());
+    }
+    Ok(tokens)
+}
+
+/// A token must be printable ASCII without whitespace: anything else could never be presented in an
+/// `Authorization` header as it is, and would refuse every request rather than fail at start.
+pub fn check(token: &str) -> Result<(), String> {
+    if token.is_empty() {
+        Err("must not be empty".into())
+    } else if token
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || !c.is_ascii())
+    {
+        Err("must be printable ASCII without whitespace".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// What the watcher knows of the token file between two reads.
+struct TokenFile {
+    tokens: ApiTokens,
+    /// The SHA-256 of the content last read, usable or not: an unchanged file is not parsed again.
+    content: Option<[u8; 32]>,
+    /// Why the file is unusable now, and when that was last logged; `None` while the file is fine.
+    failing: Option<(String, Instant)>,
+}
+
+impl TokenFile {
+    fn new(tokens: ApiTokens) -> Self {
+        Self {
+            tokens,
+            content: None,
+            failing: None,
+        }
+    }
+
+    /// Takes one read of the file: a changed, usable content becomes the accepted set; an unreadable or unusable
+    /// one keeps the last good set and is logged at WARN (when it begins or its cause changes, then every
+    /// [`WARN_EVERY`]), never with the content.
+    fn apply(&mut self, read: std::io::Result<Vec<u8>>, now: Instant) {
+        let reason = match read {
+            Err(error) => format!("cannot be read: {}", error.kind()),
+            Ok(bytes) => {
+                let digest: [u8; 32] = Sha256::digest(&bytes).into();
+                if self.content == Some(digest) && self.failing.is_none() {
+                    return;
+                }
+                self.content = Some(digest);
+                match std::str::from_utf8(&bytes)
+                    .map_err(|_| "is not UTF-8 text".to_owned())
+                    .and_then(parse)
+                {
+                    Ok(tokens) => {
+                        if self.tokens.replace(&tokens) || self.failing.is_some() {
+                            tracing::info!(
+                                tokens = tokens.len(),
+                                "API tokens read again from HISTORY_VIEW_API_TOKEN_FILE"
+                            );
+                        }
+                        self.failing = None;
+                        return;
+                    }
+                    Err(reason) => reason,
+                }
+            }
+        };
+        let repeat = match &self.failing {
+            Some((previous, logged)) => *previous != reason || now >= *logged + WARN_EVERY,
+            None => true,
+        };
+        if repeat {
+            tracing::warn!(
+                reason = %reason,
+                "HISTORY_VIEW_API_TOKEN_FILE is unusable; keeping the tokens read last"
+            );
+            self.failing = Some((reason, now));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secrets(tokens: &[&str]) -> Vec<Secret> {
+        tokens.iter().map(|t| Secret::new(*t)).collect()
+    }
+
+    #[test]
+    fn a_token_file_holds_one_token_a_line_around_blank_lines_and_whitespace() {
+        let tokens = parse("\n  old-token \r\n\n\tnew-token\n").unwrap();
+        assert_eq!(tokens, secrets(&["old-token", "new-token"]));
+        assert_eq!(parse("only").unwrap(), secrets(&["only"]));
+        assert_eq!(parse(""), Err("holds no token (one a line)".into()));
+        assert_eq!(parse(" \n\n"), Err("holds no token (one a line)".into()));
+        // The line's number, never its text.
+        let error = parse("good\nsecret with space\n").unwrap_err();
+        assert_eq!(error, "line 2: must be printable ASCII without whitespace");
+        assert!(parse("caf\u{e9}").is_err());
+    }
+
+    #[test]
+    fn every_token_of_the_set_is_accepted_and_nothing_else() {
+        let tokens = ApiTokens::new(&secrets(&["alpha", "beta"]));
+        assert!(tokens.matches(b"alpha"));
+        assert!(tokens.matches(b"beta"));
+        for refused in [&b"alph"[..], b"alphabeta", b"", b"gamma"] {
+            assert!(!tokens.matches(refused));
+        }
+        assert!(!ApiTokens::new(&[]).matches(b""));
+    }
+
+    #[test]
+    fn a_changed_file_replaces_the_set_and_a_broken_one_keeps_the_last_good_set() {
+        let tokens = ApiTokens::new(&secrets(&["old"]));
+        let mut file = TokenFile::new(tokens.clone());
+        let start = Instant::now();
+
+        // The new token is added beside the old one, then the old one is removed.
+        file.apply(Ok(b"old\nnew\n".to_vec()), start);
+        assert!(tokens.matches(b"old") && tokens.matches(b"new"));
+        file.apply(Ok(b"new\n".to_vec()), start);
+        assert!(!tokens.matches(b"old") && tokens.matches(b"new"));
+
+        // Gone, empty, or holding no usable token: the last good set stays, and the failure is remembered.
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        file.apply(Err(missing), start);
+        assert!(tokens.matches(b"new"));
+        assert!(
+            file.failing
+                .as_ref()
+                .is_some_and(|(r, _)| r.contains("not found"))
+        );
+        file.apply(Ok(Vec::new()), start);
+        assert!(tokens.matches(b"new"));
+        file.apply(Ok(b"bad token\n".to_vec()), start);
+        assert!(tokens.matches(b"new"));
+        assert_eq!(
+            file.failing.as_ref().map(|(r, _)| r.as_str()),
+            Some("line 1: must be printable ASCII without whitespace")
+        );
+
+        // Fixed: the file's tokens again, and no failure.
+        file.apply(Ok(b"newer".to_vec()), start);
+        assert!(!tokens.matches(b"new") && tokens.matches(b"newer"));
+        assert!(file.failing.is_none());
+    }
+
+    #[test]
+    fn a_lasting_failure_is_logged_again_only_after_a_while() {
+        let mut file = TokenFile::new(ApiTokens::new(&secrets(&["t"])));
+        let start = Instant::now();
+        let gone = || Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        file.apply(gone(), start);
+        let first = file.failing.as_ref().map(|(_, at)| *at);
+        assert_eq!(first, Some(start));
+        // The same cause a second later is not logged again: the instant it was logged stays.
+        file.apply(gone(), start + Duration::from_secs(1));
+        assert_eq!(file.failing.as_ref().map(|(_, at)| *at), first);
+        // A minute on, it is.
+        let later = start + WARN_EVERY;
+        file.apply(gone(), later);
+        assert_eq!(file.failing.as_ref().map(|(_, at)| *at), Some(later));
+        // Another cause is logged at once.
+        let sooner = later + Duration::from_secs(1);
+        file.apply(Ok(Vec::new()), sooner);
+        assert_eq!(file.failing.as_ref().map(|(_, at)| *at), Some(sooner));
+    }
+}

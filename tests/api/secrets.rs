@@ -1,0 +1,158 @@
+//! Secrets from files, as Kubernetes mounts a Secret: the MongoDB URI from `HISTORY_VIEW_MONGODB_URI_FILE`, and the
+//! API tokens from `HISTORY_VIEW_API_TOKEN_FILE`, rotated without a restart by swapping the volume's `..data`
+//! symlink (never writing the file), as the kubelet does.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::helpers::{Api, BinaryApp, TestStore, chunk_row, unique, user_row};
+use test_support::process::temp_dir;
+use test_support::servers::{MongoServer, NatsServer};
+
+/// The time a rotation may take from the file's change (issue 37); the file is read every second.
+const ROTATION: Duration = Duration::from_secs(5);
+
+/// A Secret volume as the kubelet lays it out: `<dir>/<key>` is a link to `..data/<key>`, `..data` a link to a
+/// timestamped directory holding the files. [`SecretVolume::update`] writes a new directory and swaps `..data`.
+struct SecretVolume {
+    dir: PathBuf,
+    version: u32,
+}
+
+impl SecretVolume {
+    fn new(files: &[(&str, &str)]) -> Self {
+        let mut volume = Self {
+            dir: temp_dir("secret-volume"),
+            version: 0,
+        };
+        volume.update(files);
+        for (key, _) in files {
+            std::os::unix::fs::symlink(Path::new("..data").join(key), volume.dir.join(key))
+                .unwrap();
+        }
+        volume
+    }
+
+    fn path(&self, key: &str) -> String {
+        self.dir.join(key).to_str().unwrap().to_owned()
+    }
+
+    /// A new version of the files, made visible at once by renaming a new `..data` link over the old one.
+    fn update(&mut self, files: &[(&str, &str)]) {
+        self.version += 1;
+        let version = format!("..2026_01_01_00_00_{:02}", self.version);
+        std::fs::create_dir(self.dir.join(&version)).unwrap();
+        for (key, content) in files {
+            std::fs::write(self.dir.join(&version).join(key), content).unwrap();
+        }
+        let staged = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(&version, &staged).unwrap();
+        std::fs::rename(&staged, self.dir.join("..data")).unwrap();
+        if self.version > 1 {
+            let old = format!("..2026_01_01_00_00_{:02}", self.version - 1);
+            std::fs::remove_dir_all(self.dir.join(old)).unwrap();
+        }
+    }
+}
+
+async fn status_with(api: &Api, token: &str) -> u16 {
+    let authorization = format!("Bearer {token}");
+    api.get(
+        "/v1/threads/t1/history",
+        &[("authorization", authorization.as_str())],
+    )
+    .await
+    .status
+}
+
+/// Waits until a read with `token` answers `status`, within the rotation's bound.
+async fn until_status(api: &Api, token: &str, status: u16, since: Instant) {
+    loop {
+        if status_with(api, token).await == status {
+            return;
+        }
+        assert!(
+            since.elapsed() < ROTATION,
+            "a read with {token} did not answer {status} within {ROTATION:?} of the file's change"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rotate_through_the_mounted_file_without_a_restart() {
+    const OLD: &str = "tok-old-5e1f0c";
+    const NEW: &str = "tok-new-93ab27";
+    let mongo = MongoServer::start();
+    let nats = NatsServer::start();
+    let database = unique("secrets");
+    let store = TestStore::connect(&mongo.uri(), &database).await;
+    store.create_aihub_indexes().await;
+    store
+        .insert_rows(&[
+            user_row("t1", "d1", "e1", 1, "Q"),
+            chunk_row("t1", "d1", "A", "e2", 2, "A"),
+        ])
+        .await;
+    // Both secrets from the volume: the URI with a trailing newline, as `kubectl create secret --from-file` keeps it.
+    let uri = format!("{}\n", mongo.uri());
+    let mut volume =
+        SecretVolume::new(&[("mongodb-uri", &uri), ("api-tokens", &format!("{OLD}\n"))]);
+    let app = BinaryApp::start(&[
+        ("HISTORY_VIEW_NATS_URL", nats.url()),
+        ("HISTORY_VIEW_MONGODB_URI_FILE", volume.path("mongodb-uri")),
+        ("HISTORY_VIEW_MONGODB_DATABASE", database),
+        ("HISTORY_VIEW_API_TOKEN_FILE", volume.path("api-tokens")),
+        // Rendered empty by a chart beside the files: unset.
+        ("HISTORY_VIEW_API_TOKEN", String::new()),
+        ("HISTORY_VIEW_MONGODB_URI", String::new()),
+    ])
+    .await;
+    app.wait_ready().await;
+    assert_eq!(status_with(&app.api, OLD).await, 200);
+    assert_eq!(status_with(&app.api, NEW).await, 401);
+    assert_eq!(app.api.history("t1", "").await.status, 401);
+
+    // The new token is added beside the old one: both are accepted.
+    let mut tokens = format!("{OLD}\n\n  {NEW}  \n");
+    volume.update(&[("mongodb-uri", &uri), ("api-tokens", &tokens)]);
+    until_status(&app.api, NEW, 200, Instant::now()).await;
+    assert_eq!(status_with(&app.api, OLD).await, 200);
+
+    // The old one is removed: refused.
+    tokens = format!("{NEW}\n");
+    volume.update(&[("mongodb-uri", &uri), ("api-tokens", &tokens)]);
+    until_status(&app.api, OLD, 401, Instant::now()).await;
+    assert_eq!(status_with(&app.api, NEW).await, 200);
+
+    // An empty file, then none at all: the last good tokens stay, and each cause is logged once, without a token.
+    let unusable = "HISTORY_VIEW_API_TOKEN_FILE is unusable";
+    volume.update(&[("mongodb-uri", &uri), ("api-tokens", "")]);
+    wait_log(&app, unusable, 1).await;
+    std::fs::remove_file(volume.dir.join("..data").join("api-tokens")).unwrap();
+    wait_log(&app, unusable, 2).await;
+    assert_eq!(status_with(&app.api, NEW).await, 200);
+    assert_eq!(status_with(&app.api, OLD).await, 401);
+    let logged = app.log_lines(unusable);
+    assert!(logged[0].contains("holds no token"), "{logged:?}");
+    assert!(logged[1].contains("not found"), "{logged:?}");
+    for line in app.log_lines("") {
+        assert!(
+            !line.contains(OLD) && !line.contains(NEW),
+            "a token logged: {line}"
+        );
+    }
+}
+
+/// Waits until the worker has logged `needle` at least `count` times.
+async fn wait_log(app: &BinaryApp, needle: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.log_lines(needle).len() < count {
+        assert!(
+            Instant::now() < deadline,
+            "{needle:?} not logged {count} times: {:?}",
+            app.log_lines(needle)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
