@@ -339,7 +339,11 @@ impl Application {
         state_views.stop_background();
         tracker.close();
         let drained = tokio::time::timeout(config.http.shutdown_drain, async {
-            let _ = (&mut server_task).await;
+            // A server task that already ended (its error is the outcome) has given its output: polling its handle
+            // again would panic.
+            if !server_task.is_finished() {
+                let _ = (&mut server_task).await;
+            }
             // Idle keep-alive connections close at once; the others after their request.
             connections.close();
             connections.wait().await;
