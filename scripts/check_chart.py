@@ -1102,6 +1102,8 @@ def check_secrets(
     for name, items in wanted_items.items():
         got = volumes[name]["secret"]["items"]
         expect(sorted(got, key=str) == sorted(items, key=str), f"volume {name} mounts {got}, the values use {items}")
+        mode = volumes[name]["secret"].get("defaultMode", 0o644)
+        expect(mode & 0o007 == 0, f"volume {name}'s files are readable by others (mode {mode:o})")
     for mount in container.get("volumeMounts", []):
         if "secret" in volumes.get(mount["name"], {}):
             expect(mount.get("readOnly") is True, f"secret volume {mount['name']} is mounted writable")
