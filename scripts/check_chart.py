@@ -13,16 +13,21 @@ Run it through scripts/check-chart.sh, which installs its two dependencies into 
 Steps:
 1. lint the chart (default and every non-default value set): any error or warning fails;
 2. render it with each value set, validate every manifest, and assert the facts that matter
-   (replicas and strategy, probes on their own port, security context, the Mongo URI from a Secret, the
+   (replicas and strategy, probes on their own port, security context, every secret a read-only mounted file
+   named by its _FILE setting and never a value or secretKeyRef in the env, extraEnv replacing the chart's
+   entry, the grace period above shutdown delay + drain, the memory limit from the README's formula, the
    PrometheusRule equal to files/alerts.yaml with the values' overrides, the dashboard ConfigMap, ...);
    every mode (Core one replica, Core two replicas, JetStream, partitioned) renders with the monitoring
-   objects (ServiceMonitor, PrometheusRule, dashboard) all on and all off;
+   objects (ServiceMonitor, PrometheusRule, dashboard) all on and all off, and every NATS authentication
+   (none, creds, NKey, token, user and password) and TLS (CA only, client certificate) renders with the
+   chart's own Secret and with an existing one; every setting of --help is set by some value set;
 3. check that the values' alert defaults equal files/alerts.yaml (no drift), and that every alert has its
    labels, annotations and a runbook_url naming its section of docs/operations.md;
 4. render values the chart must refuse (schema and template guards) and expect a failure;
 5. self-check: break copies of the chart (a template syntax error, a manifest field Kubernetes
-   does not know, a RollingUpdate strategy for one replica, a Mongo URI in plain text, probes on the API
-   port, an ignored alert override, a drifted default, ...) and expect steps 1-3 to report each one.
+   does not know, a RollingUpdate strategy for one replica, a Mongo URI in plain text, a secret through
+   secretKeyRef, a writable secret mount, an appended extraEnv, probes on the API port, an ignored alert
+   override, a drifted default, a grace check without the delay, ...) and expect steps 1-4 to report each one.
 
 Exits non-zero on any failure; the last line is `check-chart: N passed, M failed`.
 """
@@ -51,9 +56,11 @@ CHART = ROOT / "helm" / "chat-history-view"
 KUBE_VERSION = "1.30.0"
 RELEASE = "chv"
 NAMESPACE = "aihub"
-# The design target: resident memory <= cache budget + 64 MiB (spec section 7, P5) + concurrent hydrations x the
-# per-thread limit (each store read may hold up to a thread's events).
+# The worst case of resident memory (README "Limits"): cache budget + 64 MiB (spec section 7, P5) + (concurrent
+# hydrations + 2 shadow checks) x the per-thread limit (each store read may hold up to a thread's events).
 MEMORY_ALLOWANCE = 64 * 1024 * 1024
+SHADOW_READS = 2
+MIB = 1024 * 1024
 # Lint severities as helm_python.lint reports them: 0 unknown, 1 info, 2 warning, 3 error.
 LINT_WARNING = 2
 OPERATIONS_DOC = ROOT / "docs" / "operations.md"
@@ -158,6 +165,79 @@ CASES: dict[str, dict[str, Any]] = {
     },
 }
 
+# Secret values the cases store in the chart's own Secret: each must reach the pod as a file and appear nowhere in
+# the workload (not in an env value, an annotation or a command).
+TEST_SECRETS = {
+    "mongodbUri": "mongodb://chv:mongo-pw-4c1d@db-0:27017/?authSource=admin",
+    "apiToken": "api-token-7e2a",
+    "natsCreds": "-----BEGIN NATS USER JWT-----\neyJ0eXAiOiJKV1QifQ.creds-jwt-91b3\n------END NATS USER JWT------\n",
+    "natsNkeySeed": "SUACSSL3UAHUDXKFSNVUZRF5UHPMWZ6BFDTJ7M6USDXIEDNPPQYYYCU3VY",
+    "natsToken": "nats-token-5f08",
+    "natsPassword": "nats-password-b6d2",
+}
+# nats.auth -> the secret value it needs.
+AUTH_SECRET = {"creds": "natsCreds", "nkey": "natsNkeySeed", "token": "natsToken", "userPassword": "natsPassword"}
+
+
+def auth_values(auth: str, existing_secret: bool) -> dict[str, Any]:
+    """Values for one NATS authentication, with the chart's own Secret holding test secrets or an existing one."""
+    nats: dict[str, Any] = {"auth": auth, **({"user": "chat-history-view"} if auth == "userPassword" else {})}
+    if existing_secret:
+        secret: dict[str, Any] = {"existingSecret": "aihub-history"}
+    else:
+        secret = {name: TEST_SECRETS[name] for name in ("mongodbUri", "apiToken")}
+        if auth in AUTH_SECRET:
+            secret[AUTH_SECRET[auth]] = TEST_SECRETS[AUTH_SECRET[auth]]
+    return {"nats": nats, "secret": secret}
+
+
+# Every NATS authentication with the chart's Secret and with an existing one, the two TLS forms, and the options
+# a deployment beside aihub adds (extraEnv overriding chart entries, extra volumes, topology spread).
+CASES.update(
+    {
+        **{
+            f"nats-auth-{auth},{'existing' if existing else 'chart'}-secret": auth_values(auth, existing)
+            for auth in AUTH_SECRET
+            for existing in (False, True)
+        },
+        "nats-tls-ca-only,existing-secret-without-token": {
+            "nats": {"tls": {"existingSecret": "nats-client-tls"}},
+            "secret": {"existingSecret": "aihub-history", "existingSecretHasApiToken": False},
+            "config": {"natsUrl": "tls://nats.messaging:4222"},
+        },
+        "nats-tls-client-cert,nkey,chart-secret": deep_merge(
+            auth_values("nkey", False), {"nats": {"tls": {"existingSecret": "nats-client-tls", "clientCert": True}}}
+        ),
+        "partitioned,nats-creds,tls-client-cert,existing-secret": deep_merge(
+            deep_merge(MODES["partitioned"], auth_values("creds", True)),
+            {"nats": {"tls": {"existingSecret": "nats-client-tls", "clientCert": True}}},
+        ),
+        "extra-env,extra-volumes,topology-spread,memory-limit-in-bytes": {
+            **auth_values("token", False),
+            "extraEnv": [
+                {"name": "RUST_LOG", "value": "debug"},
+                {"name": "HISTORY_VIEW_CACHE_IDLE_SECS", "value": "120"},
+                {"name": "TZ", "value": "UTC"},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            ],
+            "extraVolumes": [{"name": "mongo-ca", "secret": {"secretName": "mongo-ca", "defaultMode": 288}}],
+            "extraVolumeMounts": [{"name": "mongo-ca", "mountPath": "/etc/mongo-ca", "readOnly": True}],
+            "topologySpreadConstraints": [
+                {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"},
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "chat-history-view"}},
+                },
+            ],
+            "config": {"shutdownDelaySecs": 15, "shutdownDrainSecs": 10},
+            "terminationGracePeriodSeconds": 30,
+            "resources": {"limits": {"memory": 2147483648}, "requests": {"memory": "1.5Gi"}},
+        },
+    }
+)
+
 # Values the chart must refuse, by the schema or a template guard, with the word the error must name
 # (so a chart that fails for another reason, say a syntax error, does not pass this check).
 REJECTED: dict[str, tuple[dict[str, Any], str]] = {
@@ -195,7 +275,74 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
     "running as root allowed": ({"podSecurityContext": {"runAsNonRoot": False}}, "runAsNonRoot"),
     "a grace period not above the drain": (
         {"terminationGracePeriodSeconds": 5},
-        "must exceed config.shutdownDrainSecs",
+        "must exceed config.shutdownDelaySecs + config.shutdownDrainSecs",
+    ),
+    "a grace period above the drain but not above delay + drain": (
+        {"terminationGracePeriodSeconds": 20, "config": {"shutdownDelaySecs": 10, "shutdownDrainSecs": 10}},
+        "must exceed config.shutdownDelaySecs + config.shutdownDrainSecs",
+    ),
+    "a memory limit below the worst case": (
+        {"resources": {"limits": {"memory": "1Gi"}}},
+        "is below the worker's worst case",
+    ),
+    "a memory limit in bytes below the worst case of raised values": (
+        {"resources": {"limits": {"memory": 1610612736}}, "config": {"maxConcurrentHydrations": 20}},
+        "is below the worker's worst case",
+    ),
+    "a memory request above the limit": (
+        {"resources": {"limits": {"memory": "2Gi"}, "requests": {"memory": "3Gi"}}},
+        "is above resources.limits.memory",
+    ),
+    "an unknown NATS authentication": ({"nats": {"auth": "password"}}, "/nats/auth"),
+    "user and password without a user": (
+        {"nats": {"auth": "userPassword"}, "secret": {"natsPassword": "pw"}},
+        "needs nats.user",
+    ),
+    "a NATS user with a token": (
+        {"nats": {"auth": "token", "user": "chv"}, "secret": {"natsToken": "t"}},
+        "a user goes with nats.auth=userPassword",
+    ),
+    "credentials in the NATS URL": (
+        {"config": {"natsUrl": "nats://chv:pw@nats:4222"}},
+        "config.natsUrl holds credentials",
+    ),
+    "a token in the NATS URL": ({"config": {"natsUrl": "tls://s3cr3t@nats:4222"}}, "config.natsUrl holds credentials"),
+    "a chosen authentication without its secret": ({"nats": {"auth": "creds"}}, "needs secret.natsCreds"),
+    "two NATS credentials": (
+        {"nats": {"auth": "token"}, "secret": {"natsToken": "t", "natsPassword": "pw"}},
+        "secret.natsPassword is set, but nats.auth is token",
+    ),
+    "a secret value beside an existing Secret": (
+        {"secret": {"existingSecret": "aihub-history", "natsToken": "t"}, "nats": {"auth": "token"}},
+        "names the Secret the worker reads",
+    ),
+    "a client certificate without a TLS Secret": (
+        {"nats": {"tls": {"clientCert": True}}},
+        "needs nats.tls.existingSecret",
+    ),
+    "extraEnv naming a setting the chart passes as a file": (
+        {"extraEnv": [{"name": "HISTORY_VIEW_MONGODB_URI", "value": "mongodb://x"}]},
+        "its _FILE twin together",
+    ),
+    "extraEnv naming one variable twice": (
+        {"extraEnv": [{"name": "TZ", "value": "UTC"}, {"name": "TZ", "value": "CET"}]},
+        "extraEnv names TZ twice",
+    ),
+    "an extraEnv value that is no string": ({"extraEnv": [{"name": "TZ", "value": 1}]}, "/extraEnv/0/value"),
+    "an extra volume named like the chart's": (
+        {"extraVolumes": [{"name": "secret", "emptyDir": {}}]},
+        "a volume of the chart's own",
+    ),
+    "an extra mount over the Secret's directory": (
+        {
+            "extraVolumes": [{"name": "x", "emptyDir": {}}],
+            "extraVolumeMounts": [{"name": "x", "mountPath": "/etc/chat-history-view/secret"}],
+        },
+        "where the chart mounts a volume of its own",
+    ),
+    "a topology spread constraint without its topology key": (
+        {"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]},
+        "topologyKey",
     ),
     "a mistyped nested key": ({"serviceMonitor": {"enable": True}}, "'enable'"),
     "partitions on Core NATS": ({"partitions": 2}, "need config.source=jetstream"),
@@ -212,11 +359,29 @@ def binary_settings() -> set[str]:
     return names
 
 
-# Every setting the binary has, set by the chart (the API token only when a token is configured, the partitioned
-# stream's byte limit only when one is), and RUST_LOG.
-OPTIONAL_ENV = {"HISTORY_VIEW_API_TOKEN", "HISTORY_VIEW_JETSTREAM_MAX_BYTES"}
+# Settings the chart never sets: the secrets' literal forms (it passes their _FILE twins, never a secret value),
+# and the partition (a partitioned worker takes the ordinal ending its pod's name; the pod-index label exists only
+# from Kubernetes 1.28).
+NEVER_SET = {"HISTORY_VIEW_MONGODB_URI", "HISTORY_VIEW_API_TOKEN", "HISTORY_VIEW_PARTITION"}
+# Files of the Secret, by setting; set when the values use them (check_facts computes which).
+SECRET_FILE_SETTINGS = {
+    "HISTORY_VIEW_MONGODB_URI_FILE",
+    "HISTORY_VIEW_API_TOKEN_FILE",
+    "HISTORY_VIEW_NATS_CREDS_FILE",
+    "HISTORY_VIEW_NATS_NKEY_SEED_FILE",
+    "HISTORY_VIEW_NATS_TOKEN_FILE",
+    "HISTORY_VIEW_NATS_PASSWORD_FILE",
+}
+TLS_FILE_SETTINGS = {
+    "HISTORY_VIEW_NATS_TLS_CA_FILE",
+    "HISTORY_VIEW_NATS_TLS_CERT_FILE",
+    "HISTORY_VIEW_NATS_TLS_KEY_FILE",
+}
+# Set in some modes only: the files, the NATS user (userPassword), the partitioned stream's byte limit (when one is).
+MODE_ENV = SECRET_FILE_SETTINGS | TLS_FILE_SETTINGS | {"HISTORY_VIEW_NATS_USER", "HISTORY_VIEW_JETSTREAM_MAX_BYTES"}
 BINARY_SETTINGS = binary_settings()
-EXPECTED_ENV = (BINARY_SETTINGS - OPTIONAL_ENV) | {"RUST_LOG"}
+# Every other setting the binary has is set in every mode, and RUST_LOG.
+EXPECTED_ENV = (BINARY_SETTINGS - MODE_ENV - NEVER_SET) | {"RUST_LOG"}
 
 
 class CheckError(Exception):
@@ -615,9 +780,7 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
     env = {e["name"]: e for e in env_list}
     missing = EXPECTED_ENV - set(env)
     expect(not missing, f"env vars missing: {sorted(missing)}")
-    # And the other way: a setting the binary does not know would be ignored (a probe listener never opened).
-    unknown = {n for n in env if n.startswith("HISTORY_VIEW_")} - BINARY_SETTINGS
-    expect(not unknown, f"env vars the binary's --help does not list (rebuild the release binary?): {sorted(unknown)}")
+    # The other way, a setting the binary does not know, is checked once over every value set (check_chart).
     expect(env["HISTORY_VIEW_LISTEN"]["value"] == f"0.0.0.0:{values['containerPort']}", "HISTORY_VIEW_LISTEN")
     expect(
         env["HISTORY_VIEW_PROBE_LISTEN"].get("value") == f"0.0.0.0:{values['probePort']}",
@@ -655,22 +818,31 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         env["HISTORY_VIEW_PERSIST_LAG_MS"]["value"] == str(values["config"]["persistLagMs"]),
         f"HISTORY_VIEW_PERSIST_LAG_MS is {env['HISTORY_VIEW_PERSIST_LAG_MS'].get('value')!r}",
     )
+    delay = int(env["HISTORY_VIEW_SHUTDOWN_DELAY_SECS"]["value"])
     drain = int(env["HISTORY_VIEW_SHUTDOWN_DRAIN_SECS"]["value"])
     expect(
-        pod["terminationGracePeriodSeconds"] > drain,
-        f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']} does not exceed the {drain}s drain",
+        (delay, drain) == (values["config"]["shutdownDelaySecs"], values["config"]["shutdownDrainSecs"]),
+        f"shutdown delay and drain {delay}, {drain} are not the values'",
     )
-    for name in EXPECTED_ENV - {"HISTORY_VIEW_MONGODB_URI", "HISTORY_VIEW_PARTITION"}:
-        expect("value" in env[name], f"{name} has no plain value")
+    expect(
+        pod["terminationGracePeriodSeconds"] > delay + drain,
+        f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']} does not exceed the {delay}s delay +"
+        f" the {drain}s drain",
+    )
+    for name in EXPECTED_ENV | (MODE_ENV & set(env)):
+        expect(set(env[name]) == {"name", "value"}, f"{name} is {env[name]}, not a plain value")
     expect(env["HISTORY_VIEW_PARTITIONS"]["value"] == str(partitions), "HISTORY_VIEW_PARTITIONS")
+    # The partition is never set: a StatefulSet pod's name ends with its ordinal, which the worker reads from the
+    # host name on every Kubernetes version the chart claims (the pod-index label exists only from 1.28).
+    expect("HISTORY_VIEW_PARTITION" not in env, f"HISTORY_VIEW_PARTITION is set: {env.get('HISTORY_VIEW_PARTITION')}")
+    expect(
+        "HOSTNAME" not in env and "hostname" not in pod and "subdomain" not in pod,
+        "the pod's host name is overridden, so it no longer ends with the ordinal",
+    )
     peer_url = env["HISTORY_VIEW_PEER_URL"]["value"]
     if partitioned:
         expect(values["config"]["source"] == "jetstream", "partitioned workers without the JetStream source")
-        expect(
-            env["HISTORY_VIEW_PARTITION"].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-            == "metadata.labels['apps.kubernetes.io/pod-index']",
-            "a worker's partition is not its ordinal",
-        )
+        expect(deployment["kind"] == "StatefulSet", "partitioned workers are not a StatefulSet (no ordinal)")
         expect(
             peer_url
             == f"http://{deployment['metadata']['name']}-{{partition}}.{spec['serviceName']}.{NAMESPACE}.svc:"
@@ -680,8 +852,6 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         max_bytes = values["config"]["jetstreamMaxBytes"]
         if max_bytes is not None:
             expect(env["HISTORY_VIEW_JETSTREAM_MAX_BYTES"]["value"] == str(max_bytes), "HISTORY_VIEW_JETSTREAM_MAX_BYTES")
-    else:
-        expect(env["HISTORY_VIEW_PARTITION"].get("value") == "0", "HISTORY_VIEW_PARTITION")
     pdbs = by_kind(manifests, "PodDisruptionBudget")
     if partitioned or replicas > 1:
         expect(len(pdbs) == 1, f"expected one PodDisruptionBudget, got {len(pdbs)}")
@@ -692,62 +862,9 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
     else:
         expect(not pdbs, "a PodDisruptionBudget for one worker")
 
-    memory_limit = container.get("resources", {}).get("limits", {}).get("memory")
-    expect(memory_limit is not None, "no memory limit")
-    reads_bytes = values["config"]["maxConcurrentHydrations"] * values["config"]["maxThreadBytes"]
-    expect(
-        parse_quantity(memory_limit) >= cache_bytes + MEMORY_ALLOWANCE + reads_bytes,
-        f"memory limit {memory_limit} is below the {cache_bytes}-byte cache budget + 64 MiB + {reads_bytes} bytes"
-        " of concurrent store reads",
-    )
-
-    # Secrets: the Mongo URI always comes from a secretKeyRef; the Secret is the named one or ours.
-    secret_values = values["secret"]
-    mongo_ref = env["HISTORY_VIEW_MONGODB_URI"].get("valueFrom", {}).get("secretKeyRef")
-    expect(
-        mongo_ref is not None and "value" not in env["HISTORY_VIEW_MONGODB_URI"],
-        "the Mongo URI is not read from a Secret",
-    )
-    assert mongo_ref is not None
-    expect(mongo_ref["key"] == secret_values["mongodbUriKey"], f"Mongo URI key {mongo_ref['key']}")
-    secrets = by_kind(manifests, "Secret")
-    token_env = env.get("HISTORY_VIEW_API_TOKEN")
-    if secret_values["existingSecret"]:
-        expect(not secrets, "a Secret is rendered although existingSecret is named")
-        expect(
-            mongo_ref["name"] == secret_values["existingSecret"],
-            f"Mongo URI read from {mongo_ref['name']}, not the existing Secret",
-        )
-        expect(token_env is not None, "no API token env with an existing Secret")
-        assert token_env is not None
-        token_ref = token_env["valueFrom"]["secretKeyRef"]
-        expect(
-            token_ref
-            == {"name": secret_values["existingSecret"], "key": secret_values["apiTokenKey"], "optional": True},
-            f"API token ref {token_ref}",
-        )
-    else:
-        expect(len(secrets) == 1, f"expected one Secret, got {len(secrets)}")
-        secret = secrets[0]
-        expect(mongo_ref["name"] == secret["metadata"]["name"], "the Mongo URI is not read from the chart's Secret")
-        data = {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
-        expect(
-            data.get(secret_values["mongodbUriKey"]) == secret_values["mongodbUri"],
-            "the Secret holds another Mongo URI",
-        )
-        if secret_values["apiToken"]:
-            expect(
-                data.get(secret_values["apiTokenKey"]) == secret_values["apiToken"], "the Secret lacks the API token"
-            )
-            expect(
-                token_env is not None and token_env["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"],
-                "the API token is not read from the chart's Secret",
-            )
-        else:
-            expect(secret_values["apiTokenKey"] not in data, "an empty API token is stored")
-            expect(token_env is None, "HISTORY_VIEW_API_TOKEN is set without a token")
-        checksum = spec["template"]["metadata"].get("annotations", {}).get("checksum/secret", "")
-        expect(re.fullmatch(r"[0-9a-f]{64}", checksum) is not None, "no checksum/secret annotation on the pod")
+    check_memory(container, values)
+    check_extras(pod, container, env_list, values, pod_labels)
+    check_secrets(manifests, deployment, pod, container, env, values, notes)
 
     services = [s for s in by_kind(manifests, "Service") if s["spec"].get("clusterIP") != "None"]
     expect(len(services) == 1, f"expected one Service, got {len(services)}")
@@ -805,8 +922,218 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
     expect("port-forward" in notes and "/readyz" in notes, "NOTES.txt does not say how to reach the service")
 
 
+def check_memory(container: dict[str, Any], values: dict[str, Any]) -> None:
+    """The memory limit covers the worst case (README "Limits"); without a limit in the values it is that formula,
+    rounded up to a MiB, and the request defaults to the limit."""
+    config = values["config"]
+    need = (
+        config["cacheMaxBytes"]
+        + MEMORY_ALLOWANCE
+        + (config["maxConcurrentHydrations"] + SHADOW_READS) * config["maxThreadBytes"]
+    )
+    resources = container.get("resources", {})
+    limit = resources.get("limits", {}).get("memory")
+    request = resources.get("requests", {}).get("memory")
+    expect(limit is not None, "no memory limit")
+    expect(
+        parse_quantity(limit) >= need,
+        f"memory limit {limit} is below the worst case: the {config['cacheMaxBytes']}-byte cache budget + 64 MiB +"
+        f" ({config['maxConcurrentHydrations']} + {SHADOW_READS}) x {config['maxThreadBytes']} bytes of store reads",
+    )
+    given = values.get("resources", {})
+    if "memory" not in given.get("limits", {}):
+        computed = f"{-(-need // MIB)}Mi"
+        expect(limit == computed, f"the computed memory limit is {limit}, not {computed}")
+    else:
+        expect(parse_quantity(limit) == parse_quantity(given["limits"]["memory"]), f"memory limit {limit}")
+    expected_request = given.get("requests", {}).get("memory", limit)
+    expect(
+        request is not None and parse_quantity(request) == parse_quantity(expected_request),
+        f"memory request {request}, not {expected_request}",
+    )
+    expect(
+        resources.get("requests", {}).get("cpu") == given.get("requests", {}).get("cpu"),
+        "the CPU request is not the values'",
+    )
+
+
+def check_extras(
+    pod: dict[str, Any],
+    container: dict[str, Any],
+    env_list: list[dict[str, Any]],
+    values: dict[str, Any],
+    pod_labels: dict[str, str],
+) -> None:
+    """extraEnv replaces the chart's entry of its name (one entry a name, the extra one as given); extraVolumes,
+    extraVolumeMounts and topologySpreadConstraints reach the pod (a constraint without a selector selects the
+    release's pods)."""
+    for extra in values["extraEnv"]:
+        matching = [e for e in env_list if e["name"] == extra["name"]]
+        expect(matching == [extra], f"extraEnv {extra} is in the env as {matching}")
+    for volume in values["extraVolumes"]:
+        expect(volume in pod["volumes"], f"extra volume {volume['name']} is not in the pod")
+    for mount in values["extraVolumeMounts"]:
+        expect(mount in container["volumeMounts"], f"extra mount {mount['mountPath']} is not in the container")
+    constraints = pod.get("topologySpreadConstraints", [])
+    expect(
+        len(constraints) == len(values["topologySpreadConstraints"]),
+        f"{len(constraints)} topology spread constraints, not {len(values['topologySpreadConstraints'])}",
+    )
+    for got, given in zip(constraints, values["topologySpreadConstraints"]):
+        expect(
+            got == {**given, "labelSelector": got.get("labelSelector")},
+            f"topology spread constraint {got}, given {given}",
+        )
+        if "labelSelector" in given:
+            expect(got["labelSelector"] == given["labelSelector"], f"topology spread constraint {got}'s selector")
+        else:
+            match_labels = got.get("labelSelector", {}).get("matchLabels", {})
+            expect(
+                bool(match_labels) and match_labels.items() <= pod_labels.items(),
+                f"topology spread constraint {got} does not select the release's pods",
+            )
+
+
+def expected_secret_files(values: dict[str, Any]) -> dict[str, str]:
+    """The _FILE settings of the Secret's files the values call for, each with its key in the Secret: the Mongo URI
+    always, the API token when one is configured, the credential nats.auth names."""
+    secret = values["secret"]
+    files = {"HISTORY_VIEW_MONGODB_URI_FILE": secret["mongodbUriKey"]}
+    existing = bool(secret["existingSecret"])
+    if (existing and secret["existingSecretHasApiToken"]) or (not existing and secret["apiToken"]):
+        files["HISTORY_VIEW_API_TOKEN_FILE"] = secret["apiTokenKey"]
+    by_auth = {
+        "creds": ("HISTORY_VIEW_NATS_CREDS_FILE", "natsCredsKey"),
+        "nkey": ("HISTORY_VIEW_NATS_NKEY_SEED_FILE", "natsNkeySeedKey"),
+        "token": ("HISTORY_VIEW_NATS_TOKEN_FILE", "natsTokenKey"),
+        "userPassword": ("HISTORY_VIEW_NATS_PASSWORD_FILE", "natsPasswordKey"),
+    }
+    if values["nats"]["auth"] in by_auth:
+        setting, key_value = by_auth[values["nats"]["auth"]]
+        files[setting] = secret[key_value]
+    return files
+
+
+def expected_tls_files(values: dict[str, Any]) -> dict[str, str]:
+    """The _FILE settings of nats.tls.existingSecret's files, each with its key: the CA, and the client
+    certificate and key with clientCert."""
+    tls = values["nats"]["tls"]
+    if not tls["existingSecret"]:
+        return {}
+    files = {"HISTORY_VIEW_NATS_TLS_CA_FILE": "ca.crt"}
+    if tls["clientCert"]:
+        files |= {"HISTORY_VIEW_NATS_TLS_CERT_FILE": "tls.crt", "HISTORY_VIEW_NATS_TLS_KEY_FILE": "tls.key"}
+    return files
+
+
+# The values naming a key of the Secret, each with the value the chart's own Secret stores under that key.
+SECRET_VALUE_OF_KEY = {
+    "mongodbUriKey": "mongodbUri",
+    "apiTokenKey": "apiToken",
+    "natsCredsKey": "natsCreds",
+    "natsNkeySeedKey": "natsNkeySeed",
+    "natsTokenKey": "natsToken",
+    "natsPasswordKey": "natsPassword",
+}
+
+
+def check_secrets(
+    manifests: list[dict[str, Any]],
+    workload: dict[str, Any],
+    pod: dict[str, Any],
+    container: dict[str, Any],
+    env: dict[str, dict[str, Any]],
+    values: dict[str, Any],
+    notes: str,
+) -> None:
+    """No secret in the workload: every one is a file of a read-only mounted secret volume (the directory, so the
+    kubelet's updates arrive), named by its _FILE setting; no secretKeyRef, no envFrom, no secret value anywhere in
+    the workload or the notes; the chart's Secret (without existingSecret) holds exactly the keys the pod reads."""
+    secret_values = values["secret"]
+    refs = sorted(n for n, e in env.items() if "secretKeyRef" in e.get("valueFrom", {}))
+    expect(not refs, f"env read from a Secret (a secret in the Deployment's env): {refs}")
+    expect("envFrom" not in container, "envFrom in the container")
+    literals = [secret_values[name] for name in SECRET_VALUE_OF_KEY.values() if secret_values[name]]
+    # A multi-line secret (a creds file) must not appear line by line either.
+    literals += [line for value in literals for line in value.splitlines() if len(line) >= 8 and "-----" not in line]
+    for name, entry in env.items():
+        expect(entry.get("value") not in literals, f"{name}'s value is a secret")
+    workload_text = json.dumps(workload)
+    for literal in literals:
+        expect(json.dumps(literal)[1:-1] not in workload_text, f"a secret value is in the {workload['kind']}")
+        expect(literal not in notes, "a secret value is in NOTES.txt")
+    nats_url = env["HISTORY_VIEW_NATS_URL"]["value"]
+    expect(re.search(r"://[^/?#,]*@", nats_url) is None, "credentials in HISTORY_VIEW_NATS_URL")
+    user = env.get("HISTORY_VIEW_NATS_USER", {}).get("value")
+    expected_user = values["nats"]["user"] if values["nats"]["auth"] == "userPassword" else None
+    expect(user == expected_user, f"HISTORY_VIEW_NATS_USER is {user!r}, not {expected_user!r}")
+
+    secret_files = expected_secret_files(values)
+    tls_files = expected_tls_files(values)
+    present = set(env) & (SECRET_FILE_SETTINGS | TLS_FILE_SETTINGS)
+    expect(
+        present == set(secret_files) | set(tls_files),
+        f"file settings {sorted(present)}, expected {sorted(set(secret_files) | set(tls_files))}",
+    )
+    secret_name = secret_values["existingSecret"] or workload["metadata"]["name"]
+    mounts = {m["mountPath"].rstrip("/"): m for m in container.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    # The items each secret volume must list: exactly the keys the values use (a listed key the Secret lacks keeps
+    # the pod from starting).
+    wanted_items: dict[str, list[dict[str, str]]] = {}
+    for files, wanted_secret in ((secret_files, secret_name), (tls_files, values["nats"]["tls"]["existingSecret"])):
+        for setting, key in files.items():
+            path = env[setting]["value"]
+            directory, _, file = path.rpartition("/")
+            mount = mounts.get(directory)
+            expect(mount is not None, f"{setting}={path} points into no mounted directory")
+            assert mount is not None
+            expect(mount.get("readOnly") is True, f"the mount of {directory} is not read-only")
+            volume = volumes.get(mount["name"], {})
+            expect(
+                volume.get("secret", {}).get("secretName") == wanted_secret,
+                f"{setting}: {directory} is not Secret {wanted_secret} (volume {volume})",
+            )
+            expect(
+                {"key": key, "path": file} in volume["secret"].get("items", []),
+                f"{setting}: Secret {wanted_secret}'s key {key} is not mounted as {path}",
+            )
+            wanted_items.setdefault(mount["name"], []).append({"key": key, "path": file})
+    for name, items in wanted_items.items():
+        got = volumes[name]["secret"]["items"]
+        expect(sorted(got, key=str) == sorted(items, key=str), f"volume {name} mounts {got}, the values use {items}")
+        mode = volumes[name]["secret"].get("defaultMode", 0o644)
+        expect(mode & 0o007 == 0, f"volume {name}'s files are readable by others (mode {mode:o})")
+    for mount in container.get("volumeMounts", []):
+        if "secret" in volumes.get(mount["name"], {}):
+            expect(mount.get("readOnly") is True, f"secret volume {mount['name']} is mounted writable")
+            expect(
+                "subPath" not in mount and "subPathExpr" not in mount,
+                f"secret volume {mount['name']} is mounted by subPath, which the kubelet never updates",
+            )
+
+    chart_secrets = by_kind(manifests, "Secret")
+    if secret_values["existingSecret"]:
+        expect(not chart_secrets, "a Secret is rendered although existingSecret is named")
+    else:
+        expect(len(chart_secrets) == 1, f"expected one Secret, got {len(chart_secrets)}")
+        secret = chart_secrets[0]
+        expect(secret["metadata"]["name"] == secret_name, "the pod does not mount the chart's Secret")
+        data = {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
+        value_of_key = {secret_values[key_value]: value_name for key_value, value_name in SECRET_VALUE_OF_KEY.items()}
+        expected_data = {key: secret_values[value_of_key[key]] for key in secret_files.values()}
+        expect(data == expected_data, f"the chart's Secret holds keys {sorted(data)}, not {sorted(expected_data)}")
+        checksum = workload["spec"]["template"]["metadata"].get("annotations", {}).get("checksum/secret", "")
+        expect(re.fullmatch(r"[0-9a-f]{64}", checksum) is not None, "no checksum/secret annotation on the pod")
+
+
 def check_chart(chart: Path, record: Callable[[str, str | None], None]) -> None:
-    """Lint, render, validate and check facts for every value set, and the alert file; record each outcome."""
+    """Lint, render, validate and check facts for every value set, and the alert file; record each outcome. Every
+    setting of the binary must be set by some value set (NEVER_SET aside), and every HISTORY_VIEW_* variable set
+    must be one of the binary's: a setting it does not know would be ignored (a probe listener never opened). That
+    last check is one outcome of its own, so a binary older than the chart fails it alone, naming the settings,
+    while every other fact is still checked."""
+    set_somewhere: set[str] = set()
     try:
         check_alert_file(chart)
         record(
@@ -819,6 +1146,9 @@ def check_chart(chart: Path, record: Callable[[str, str | None], None]) -> None:
         try:
             lint(chart, overrides)
             manifests, notes = render(chart, overrides)
+            for workload in by_kind(manifests, "Deployment") + by_kind(manifests, "StatefulSet"):
+                for container in workload["spec"]["template"]["spec"]["containers"]:
+                    set_somewhere |= {e["name"] for e in container.get("env", [])}
             for manifest in manifests:
                 validate(manifest)
             with helm.Chart.load(chart) as loaded:
@@ -828,6 +1158,16 @@ def check_chart(chart: Path, record: Callable[[str, str | None], None]) -> None:
             record(f"{case}: lint, render, {len(manifests)} manifests valid, facts hold", None)
         except (CheckError, helm.HelmError) as err:
             record(f"{case}", f"{type(err).__name__}: {err}")
+    never = sorted(BINARY_SETTINGS - NEVER_SET - set_somewhere)
+    record(
+        f"settings: each of the binary's {len(BINARY_SETTINGS)} is set by some value set, but {sorted(NEVER_SET)}",
+        f"set by no value set: {never}" if never else None,
+    )
+    unknown = sorted({n for n in set_somewhere if n.startswith("HISTORY_VIEW_")} - BINARY_SETTINGS)
+    record(
+        "settings: the chart sets only settings the binary's --help lists",
+        f"env vars the binary's --help does not list (rebuild the binary?): {unknown}" if unknown else None,
+    )
 
 
 def check_rejections(chart: Path, record: Callable[[str, str | None], None]) -> None:
@@ -856,14 +1196,71 @@ BREAKAGES: dict[str, tuple[str, str, str]] = {
     ),
     "a field Kubernetes does not know": ("templates/deployment.yaml", "containerPort:", "containerPorts:"),
     "a RollingUpdate strategy for one replica": ("templates/deployment.yaml", "type: Recreate", "type: RollingUpdate"),
-    "a Mongo URI given as a plain value": (
-        "templates/deployment.yaml",
+    "secrets given as plain values": (
+        "templates/_env.tpl",
+        '  value: {{ printf "%s/%s" (include "chat-history-view.secretDir" $) .path | quote }}',
+        "  value: {{ get $.Values.secret .value | quote }}",
+    ),
+    "secrets read through secretKeyRef": (
+        "templates/_env.tpl",
+        '  value: {{ printf "%s/%s" (include "chat-history-view.secretDir" $) .path | quote }}',
         (
-            "- name: HISTORY_VIEW_MONGODB_URI\n              valueFrom:\n                secretKeyRef:\n"
-            '                  name: {{ include "chat-history-view.secretName" . }}\n'
-            "                  key: {{ .Values.secret.mongodbUriKey }}"
+            "  valueFrom:\n    secretKeyRef:\n"
+            '      name: {{ include "chat-history-view.secretName" $ }}\n      key: {{ .key }}'
         ),
-        "- name: HISTORY_VIEW_MONGODB_URI\n              value: {{ .Values.secret.mongodbUri | quote }}",
+    ),
+    "the Secret mounted writable": (
+        "templates/deployment.yaml",
+        'mountPath: {{ include "chat-history-view.secretDir" . }}\n              readOnly: true',
+        'mountPath: {{ include "chat-history-view.secretDir" . }}\n              readOnly: false',
+    ),
+    "the TLS files mounted under other names": (
+        "templates/deployment.yaml",
+        "path: {{ .key }}\n",
+        "path: {{ .key }}.pem\n",
+    ),
+    "the client key not passed": (
+        "templates/_helpers.tpl",
+        '{{- $files = append $files (dict "key" "tls.key" "env" "HISTORY_VIEW_NATS_TLS_KEY_FILE") }}',
+        "",
+    ),
+    "the chart's Secret storing another value under the NATS token's key": (
+        "templates/_helpers.tpl",
+        '"env" "HISTORY_VIEW_NATS_TOKEN_FILE" "value" "natsToken"',
+        '"env" "HISTORY_VIEW_NATS_TOKEN_FILE" "value" "natsPassword"',
+    ),
+    "extraEnv appended beside the chart's entry": (
+        "templates/_env.tpl",
+        "{{- if not (hasKey $chartNames .name) }}",
+        "{{- if true }}",
+    ),
+    "the partition from the pod-index label": (
+        "templates/_env.tpl",
+        "- name: HISTORY_VIEW_PEER_URL\n",
+        (
+            "- name: HISTORY_VIEW_PARTITION\n  valueFrom:\n    fieldRef:\n"
+            "      fieldPath: metadata.labels['apps.kubernetes.io/pod-index']\n- name: HISTORY_VIEW_PEER_URL\n"
+        ),
+    ),
+    "the grace period checked against the drain only": (
+        "templates/_validate.tpl",
+        "{{- if le $grace (add $delay $drain) }}",
+        "{{- if le $grace $drain }}",
+    ),
+    "a fixed memory limit": (
+        "templates/_helpers.tpl",
+        '{{- $_ := set $limits "memory" $needMi }}',
+        '{{- $_ := set $limits "memory" "1Gi" }}',
+    ),
+    "a memory limit below the formula accepted": (
+        "templates/_helpers.tpl",
+        "{{- if lt $limit $need }}",
+        "{{- if lt $limit 0.0 }}",
+    ),
+    "credentials in the NATS URL accepted": (
+        "templates/_validate.tpl",
+        '{{- if regexMatch "://[^/?#,]*@" .Values.config.natsUrl }}',
+        "{{- if false }}",
     ),
     "the liveness probe on the API port": (
         "templates/deployment.yaml",
@@ -907,22 +1304,37 @@ def check_both_fail(broken: Path, record: Callable[[str, str | None], None]) -> 
     record("self-check: a template syntax error fails both lint and render", outcome)
 
 
-def failures_of(chart: Path) -> list[str]:
-    """Run check_chart on a chart silently and return what failed."""
-    failures: list[str] = []
+class Caught(Exception):
+    """A failure the intact chart does not have: the self-check's breakage was reported."""
+
+
+def first_new_failure(chart: Path, baseline: set[str]) -> str | None:
+    """Run check_chart and check_rejections on a chart silently, up to the first failure not in baseline (the
+    intact chart's failures), and return it; None when the chart passes as well as the intact one."""
 
     def record(_label: str, failure: str | None) -> None:
-        if failure is not None:
-            failures.append(failure)
+        if failure is not None and failure not in baseline:
+            raise Caught(failure)
 
-    check_chart(chart, record)
-    return failures
+    try:
+        check_chart(chart, record)
+        check_rejections(chart, record)
+    except Caught as caught:
+        return str(caught)
+    return None
 
 
 def check_self(record: Callable[[str, str | None], None]) -> None:
-    """Prove the check fails on a broken chart: break a copy and expect failures the intact chart does not have
+    """Prove the check fails on a broken chart: break a copy and expect a failure the intact chart does not have
     (so a failure of the chart itself, say a setting the release binary lacks, cannot pass for a caught one)."""
-    baseline = set(failures_of(CHART))
+    baseline: set[str] = set()
+
+    def collect(_label: str, failure: str | None) -> None:
+        if failure is not None:
+            baseline.add(failure)
+
+    check_chart(CHART, collect)
+    check_rejections(CHART, collect)
     for name, (template, old, new) in BREAKAGES.items():
         with tempfile.TemporaryDirectory(prefix="check-chart-") as tmp:
             broken = Path(tmp) / CHART.name
@@ -935,9 +1347,9 @@ def check_self(record: Callable[[str, str | None], None]) -> None:
             target.write_text(text.replace(old, new, 1))
             if name == SYNTAX_BREAKAGE:
                 check_both_fail(broken, record)
-            failures = [f for f in failures_of(broken) if f not in baseline]
-            if failures:
-                record(f"self-check: {name} is caught ({failures[0][:100]})", None)
+            failure = first_new_failure(broken, baseline)
+            if failure is not None:
+                record(f"self-check: {name} is caught ({failure[:100]})", None)
             else:
                 record(f"self-check: {name}", "the broken chart passed the check")
 

@@ -148,7 +148,7 @@ impl Config {
     fn resolve_partition(&mut self, host: Option<String>) -> Result<(), (&'static str, String)> {
         let js = &mut self.jetstream;
         if js.partitions == 1 {
-            return match js.partition {
+            return match js.given_partition() {
                 Some(p) if p > 0 => Err((
                     "partition",
                     format!("is {p}, but HISTORY_VIEW_PARTITIONS is 1"),
@@ -168,7 +168,7 @@ impl Config {
                 "must be set when HISTORY_VIEW_PARTITIONS > 1 (reads of other workers' threads go there)".into(),
             ));
         }
-        let partition = match js.partition {
+        let partition = match js.given_partition() {
             Some(p) => p,
             None => host.as_deref().and_then(ordinal).ok_or((
                 "partition",
@@ -185,7 +185,7 @@ impl Config {
                 ),
             ));
         }
-        js.partition = Some(partition);
+        js.partition = Some(crate::source::settings::PartitionArg(Some(partition)));
         Ok(())
     }
 

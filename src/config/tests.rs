@@ -355,6 +355,43 @@ fn partitioned_workers_are_jetstream_workers_with_peers_and_a_partition() {
     }
 }
 
+/// Issue 37: a manifest that sets HISTORY_VIEW_PARTITION to nothing (the chart did, from a pod label Kubernetes
+/// 1.25 to 1.27 lack) made start-up fail; the empty value now counts as unset, so the host name's ordinal decides.
+/// clap gives an empty variable to the value parser exactly as it gives an empty flag value, so `--partition=`
+/// takes the variable's path without touching the process environment other tests read.
+#[test]
+fn an_empty_partition_counts_as_unset() {
+    let partitioned = |host: &str| {
+        let mut config = Config::try_parse_from([
+            "chat-history-view",
+            "--source",
+            "jetstream",
+            "--peer-url",
+            "http://chv-{partition}.h:8080",
+            "--partitions",
+            "3",
+            "--partition=",
+        ])
+        .unwrap();
+        assert_eq!(config.jetstream.given_partition(), None);
+        config
+            .resolve_partition(Some(host.into()))
+            .map(|()| config.jetstream.partitioning().unwrap().partition)
+    };
+    assert_eq!(partitioned("chv-chat-history-view-2"), Ok(2));
+    assert_eq!(partitioned("worker").unwrap_err().0, "partition");
+
+    // One partition: empty is as good as unset, and whitespace only is empty.
+    for empty in ["--partition=", "--partition= "] {
+        let config = parse(&[empty]).unwrap();
+        assert_eq!(config.jetstream.given_partition(), None);
+        assert!(config.jetstream.partitioning().is_none());
+    }
+    // A value that is not empty is still checked.
+    let error = parse(&["--partition=x"]).unwrap_err().to_string();
+    assert!(error.contains("HISTORY_VIEW_PARTITION"), "{error}");
+}
+
 #[test]
 fn srv_uris_are_accepted() {
     let config = parse(&[

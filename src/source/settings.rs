@@ -109,10 +109,10 @@ pub struct JetStreamArgs {
     #[arg(long, env = "HISTORY_VIEW_PARTITIONS", default_value = "1", value_parser = partitions)]
     pub partitions: u32,
 
-    /// This worker's partition, 0 to HISTORY_VIEW_PARTITIONS - 1; by default the ordinal ending the host name (a
-    /// StatefulSet pod's, `chv-2`).
+    /// This worker's partition, 0 to HISTORY_VIEW_PARTITIONS - 1; by default (or when empty) the ordinal ending the
+    /// host name (a StatefulSet pod's, `chv-2`).
     #[arg(long, env = "HISTORY_VIEW_PARTITION", value_parser = partition)]
-    pub partition: Option<u32>,
+    pub partition: Option<PartitionArg>,
 
     /// The partitioned stream: no subjects of its own, it sources every class stream.
     #[arg(id = "jetstream_stream", value_name = "JETSTREAM_STREAM", long = "jetstream-stream", env = "HISTORY_VIEW_JETSTREAM_STREAM", default_value = "CHAT_HISTORY_VIEW", value_parser = stream_name)]
@@ -147,12 +147,23 @@ pub struct JetStreamArgs {
     pub peer_url: Option<String>,
 }
 
+/// `HISTORY_VIEW_PARTITION` as given. clap hands an empty variable to the parser like any value, and a manifest may
+/// well set it to nothing (a field reference to a label the cluster lacks), so the empty value parses to
+/// `PartitionArg(None)`, which counts as unset: the host name's ordinal then decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionArg(pub Option<u32>);
+
 impl JetStreamArgs {
+    /// The partition given by the setting; `None` when it is unset or empty.
+    pub fn given_partition(&self) -> Option<u32> {
+        self.partition.and_then(|PartitionArg(partition)| partition)
+    }
+
     /// The partitioning of a partitioned worker; `None` with one partition.
     pub fn partitioning(&self) -> Option<Partitioning> {
         (self.partitions > 1).then(|| Partitioning {
             partitions: self.partitions,
-            partition: self.partition.unwrap_or(0),
+            partition: self.given_partition().unwrap_or(0),
             prefix: self.subject_prefix.clone(),
         })
     }
@@ -265,9 +276,13 @@ fn partitions(value: &str) -> Result<u32, String> {
     setting::count(value, 1024).map(|n| n as u32)
 }
 
-fn partition(value: &str) -> Result<u32, String> {
-    match value.trim().parse::<u32>() {
-        Ok(n) if n < 1024 => Ok(n),
+fn partition(value: &str) -> Result<PartitionArg, String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(PartitionArg(None));
+    }
+    match value.parse::<u32>() {
+        Ok(n) if n < 1024 => Ok(PartitionArg(Some(n))),
         Ok(_) => Err("must be below 1024".into()),
         Err(e) => Err(format!("must be a whole number: {e}")),
     }
