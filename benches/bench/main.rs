@@ -17,6 +17,7 @@ mod data;
 mod p10_pages;
 mod p11_feed;
 mod p12_witness;
+mod p13_warm_restart;
 mod p1_ingest;
 mod p2_cache_reads;
 mod p2_ceiling;
@@ -78,6 +79,7 @@ async fn run_all(setup: Arc<Setup>) -> Vec<Row> {
     rows.extend(measure(&setup, "P10", p10_pages::run).await);
     rows.extend(measure(&setup, "P11", p11_feed::run).await);
     rows.extend(measure(&setup, "P12", p12_witness::run).await);
+    rows.extend(measure(&setup, "P13", p13_warm_restart::run).await);
     rows
 }
 

@@ -51,6 +51,18 @@ impl Worker {
     /// Defaults: the index hints disabled (see `p3_p4_store`), a 256 MiB cache, JSON logs at `warn`. `env` overrides
     /// them or sets more. `HISTORY_VIEW_*` variables of the bench's own environment are not passed on.
     pub async fn start(setup: &Setup, database: &str, env: &[(&str, &str)]) -> Self {
+        let worker = Self::spawn(setup, None, database, env).await;
+        worker.wait_ready().await;
+        worker
+    }
+
+    /// [`Worker::start`] listening on `port` (partitioned workers' ports are known to their peers), returned as soon
+    /// as it answers `/healthz`: the caller waits for `/readyz` ([`Worker::wait_ready`]) and times it.
+    pub async fn start_on(setup: &Setup, port: u16, database: &str, env: &[(&str, &str)]) -> Self {
+        Self::spawn(setup, Some(port), database, env).await
+    }
+
+    async fn spawn(setup: &Setup, port: Option<u16>, database: &str, env: &[(&str, &str)]) -> Self {
         let defaults = [
             ("HISTORY_VIEW_NATS_URL", setup.nats_url()),
             ("HISTORY_VIEW_MONGODB_URI", setup.mongo_uri()),
@@ -65,19 +77,21 @@ impl Worker {
             .chain(env.iter().map(|(name, value)| (*name, (*value).to_owned())))
             .map(|(name, value)| (name.to_owned(), value))
             .collect();
-        let process =
-            WorkerProcess::start(setup.settings.worker_bin.clone(), Vec::new(), env).await;
-        let worker = Self {
+        let program = setup.settings.worker_bin.clone();
+        let process = match port {
+            Some(port) => WorkerProcess::start_on(port, program, Vec::new(), env).await,
+            None => WorkerProcess::start(program, Vec::new(), env).await,
+        };
+        Self {
             base_url: process.base_url(),
             process,
             http: reqwest::Client::new(),
-        };
-        worker.wait_ready().await;
-        worker
+        }
     }
 
-    async fn wait_ready(&self) {
-        let deadline = Instant::now() + READY_TIMEOUT;
+    /// Waits until `/readyz` answers 200 (at most [`READY_TIMEOUT`] plus `extra`).
+    pub async fn wait_ready_within(&self, extra: Duration) {
+        let deadline = Instant::now() + READY_TIMEOUT + extra;
         loop {
             if let Ok(response) = self
                 .http
@@ -90,11 +104,29 @@ impl Worker {
             }
             assert!(
                 Instant::now() < deadline,
-                "the worker was not ready within {READY_TIMEOUT:?}:\n{}",
+                "the worker was not ready within {:?}:\n{}",
+                READY_TIMEOUT + extra,
                 self.log_tail()
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Sends SIGTERM, as Kubernetes does, and waits until the process has exited.
+    pub async fn stop(mut self) {
+        self.process.terminate();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while self.process.try_wait().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the worker did not exit within {READY_TIMEOUT:?} of SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn wait_ready(&self) {
+        self.wait_ready_within(Duration::ZERO).await;
     }
 
     pub fn pid(&self) -> u32 {

@@ -1,0 +1,360 @@
+//! P13: a restart keeps the cache warm ([design 2.5](../../docs/design.md#2.5)). (Issue 38 names this target P12;
+//! P12 already measured the Core witness, so the warm restart is P13.) Under P7's workload (50 threads, each turn a
+//! read with the primary identity, then the turn's events published live and persisted), a worker is stopped with
+//! SIGTERM after three turns of every thread and a new process started in its place, in Core mode, in JetStream mode
+//! and as one of three partitioned workers, each with and without the warm set
+//! (`HISTORY_VIEW_WARM_MAX_THREADS=0`). In the 30 s after the new worker turns ready, every thread goes on with its
+//! turns, read through the new worker: the share of its reads answered from memory (of the threads it owns: in
+//! partitioned mode the others are forwarded to owners that did not restart), every answer against the projector
+//! over what was published, and the store queries the new worker made, off the read path (the warm-up's) and on it
+//! (hydrations of reads). Target with the warm set: at least 95% of reads from memory after ready, every answer
+//! correct.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use futures_util::future::join_all;
+use mongodb::IndexModel;
+use mongodb::bson::doc;
+use mongodb::options::IndexOptions;
+
+use chat_history_view::partition::owner;
+use test_support::class_streams::create_class_streams;
+use test_support::turns::Conversation;
+
+use crate::data::Message;
+use crate::report::{Row, fmt_duration, progress};
+use crate::setup::{BenchStore, Setup};
+use crate::worker::{Scrape, Worker};
+
+const THREADS: usize = 50;
+/// Turns of every thread before the restart: the threads the old worker's readers made hot.
+const TURNS_BEFORE: usize = 3;
+/// How long after the new worker turned ready its reads are counted.
+const AFTER_READY: Duration = Duration::from_secs(30);
+const PERSIST_LAG_MS: &str = "500";
+/// How long after a turn's events were persisted the next turn's read comes (as in P7).
+const READ_AFTER_PERSIST: Duration = Duration::from_millis(200);
+/// The classes of [`Conversation`]'s events: each has its class stream in the JetStream modes.
+const CLASSES: [&str; 3] = ["TurnAgent", "HelperAgent", "UserAgent"];
+const BUCKET: &str = "chv_bench_warm";
+/// P12's stream over every agent subject: a class stream cannot overlap it.
+const P12_STREAM: &str = "agent_bench_stream";
+const PARTITIONED_STREAM: &str = "CHAT_HISTORY_VIEW";
+const PARTITIONS: u32 = 3;
+/// The longest a new worker's warm-up may hold `/readyz` (its `HISTORY_VIEW_WARM_MAX_SECS`).
+const WARM_MAX_SECS: u64 = 60;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Core,
+    JetStream,
+    Partitioned,
+}
+
+impl Mode {
+    fn key(self) -> &'static str {
+        match self {
+            Self::Core => "core",
+            Self::JetStream => "jetstream",
+            Self::Partitioned => "partitioned",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Core => "Core NATS",
+            Self::JetStream => "JetStream",
+            Self::Partitioned => "partitioned, 1 of 3 restarted",
+        }
+    }
+}
+
+pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
+    let context = jetstream::new(setup.nats_client().await);
+    let _ = context.delete_stream(P12_STREAM).await;
+    create_class_streams(&setup.nats_url(), CLASSES.map(String::from)).await;
+    let mut rows = Vec::new();
+    for mode in [Mode::Core, Mode::JetStream, Mode::Partitioned] {
+        for warm in [false, true] {
+            // Each run starts from no snapshot and, partitioned, from no partitioned stream.
+            let _ = context.delete_key_value(BUCKET).await;
+            let _ = context.delete_stream(PARTITIONED_STREAM).await;
+            rows.extend(run_one(&setup, mode, warm).await);
+        }
+    }
+    let _ = context.delete_stream(PARTITIONED_STREAM).await;
+    let _ = context.delete_key_value(BUCKET).await;
+    for class in CLASSES {
+        let _ = context.delete_stream(format!("agent_{class}_stream")).await;
+    }
+    rows
+}
+
+/// What the reads of one phase saw.
+#[derive(Default)]
+struct Reads {
+    /// Reads of threads the restarted worker owns, and those answered from memory.
+    owned: usize,
+    owned_from_memory: usize,
+    /// Every read, and those answered from memory.
+    all: usize,
+    all_from_memory: usize,
+    wrong: usize,
+}
+
+async fn run_one(setup: &Setup, mode: Mode, warm: bool) -> Vec<Row> {
+    let side = if warm { "warm" } else { "cold" };
+    let label = format!(
+        "{}, {}",
+        mode.label(),
+        if warm { "warm set" } else { "no warm set" }
+    );
+    let database = format!("bench_p13_{}_{side}", mode.key());
+    let store = setup.store(&database).await;
+    store
+        .events()
+        .create_index(
+            IndexModel::builder()
+                .keys(doc! {"display_id": 1})
+                .options(
+                    IndexOptions::builder()
+                        .name("display_id_1".to_owned())
+                        .build(),
+                )
+                .build(),
+        )
+        .await
+        .expect("create display_id_1 on agent_events");
+    let prefix = port_prefix();
+    let partitions = if mode == Mode::Partitioned {
+        PARTITIONS
+    } else {
+        1
+    };
+    let env = |partition: u32| -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("HISTORY_VIEW_PERSIST_LAG_MS", PERSIST_LAG_MS.to_owned()),
+            ("HISTORY_VIEW_WARM_BUCKET", BUCKET.to_owned()),
+            ("HISTORY_VIEW_WARM_MAX_SECS", WARM_MAX_SECS.to_string()),
+            (
+                "HISTORY_VIEW_WARM_MAX_THREADS",
+                if warm { "10000" } else { "0" }.to_owned(),
+            ),
+        ];
+        if mode != Mode::Core {
+            env.push(("HISTORY_VIEW_SOURCE", "jetstream".to_owned()));
+        }
+        if mode == Mode::Partitioned {
+            env.extend([
+                ("HISTORY_VIEW_PARTITIONS", PARTITIONS.to_string()),
+                ("HISTORY_VIEW_PARTITION", partition.to_string()),
+                ("HISTORY_VIEW_JETSTREAM_REPLICAS", "1".to_owned()),
+                (
+                    "HISTORY_VIEW_PEER_URL",
+                    format!("http://127.0.0.1:{prefix}{{partition}}"),
+                ),
+            ]);
+        }
+        env
+    };
+    let database = database.as_str();
+    let start = |partition: u32| {
+        let env = env(partition);
+        async move {
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            Worker::start_on(setup, prefix * 10 + partition as u16, database, &env).await
+        }
+    };
+    let mut workers = Vec::new();
+    for partition in 0..partitions {
+        let worker = start(partition).await;
+        worker
+            .wait_ready_within(Duration::from_secs(WARM_MAX_SECS))
+            .await;
+        workers.push(worker);
+    }
+    // As in P7: the first reads come more than the bound after the subscription was confirmed.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let publisher = setup.nats_client().await;
+    let owned = |thread: &str| owner(thread, partitions) == 0;
+    let conversations: Vec<Conversation> = (0..THREADS)
+        .map(|t| Conversation::new(format!("p13-{}-{side}-{t:02}", mode.key())))
+        .collect();
+    progress(
+        "P13",
+        &format!("{label}: {THREADS} threads x {TURNS_BEFORE} turns, then a restart"),
+    );
+    let (conversations, before) = turns(
+        &workers[0],
+        &store,
+        &publisher,
+        conversations,
+        Until::Turns(TURNS_BEFORE),
+        owned,
+    )
+    .await;
+
+    // The restart: SIGTERM (the old worker writes its hot set), then a new process on the same port.
+    let old = workers.remove(0);
+    old.stop().await;
+    let started = Instant::now();
+    let new = start(0).await;
+    new.wait_ready_within(Duration::from_secs(WARM_MAX_SECS))
+        .await;
+    let to_ready = started.elapsed();
+    let at_ready = new.metrics().await;
+    let (_, after) = turns(
+        &new,
+        &store,
+        &publisher,
+        conversations,
+        Until::Instant(Instant::now() + AFTER_READY),
+        owned,
+    )
+    .await;
+    let scrape = new.metrics().await;
+    drop(new);
+    drop(workers);
+
+    let queries = |scrape: &Scrape, kinds: &[&str]| -> f64 {
+        kinds
+            .iter()
+            .map(|kind| {
+                scrape.sample(&format!(
+                    "history_view_store_queries_total{{kind=\"{kind}\"}}"
+                ))
+            })
+            .sum()
+    };
+    let warm_queries = queries(&scrape, &["warm_markers", "warm_events"]);
+    let warm_before_ready = queries(&at_ready, &["warm_markers", "warm_events"]);
+    let read_path = queries(&scrape, &["hydration_markers", "hydration_events"]);
+    let fills = queries(&scrape, &["fill"]);
+    let rereads = queries(&scrape, &["reread_markers", "reread_events"]);
+    let share = after.owned_from_memory as f64 / after.owned.max(1) as f64;
+    progress(
+        "P13",
+        &format!(
+            "{label}: ready {} after the start; owned reads from memory {} of {}, all {} of {}; wrong {} (before \
+             the restart {}); store queries: warm-up {warm_queries} ({warm_before_ready} before ready), read-path \
+             hydrations {read_path}, fills {fills}, re-reads {rereads}",
+            fmt_duration(to_ready),
+            after.owned_from_memory,
+            after.owned,
+            after.all_from_memory,
+            after.all,
+            after.wrong,
+            before.wrong,
+        ),
+    );
+    let measured = format!(
+        "{:.1}% of {} reads from memory ({} of {} through it in all); {} wrong; ready {} after the start; store \
+         queries: {warm_queries} by the warm-up, {read_path} hydrations on the read path, {fills} fills",
+        share * 100.0,
+        after.owned,
+        after.all_from_memory,
+        after.all,
+        after.wrong + before.wrong,
+        fmt_duration(to_ready),
+    );
+    let what = format!("reads from memory in the 30 s after a restart turned ready, {label}");
+    if warm {
+        vec![Row::check(
+            "P13",
+            what,
+            measured,
+            ">= 95% from memory, every answer correct, the store queries off the read path",
+            share >= 0.95 && after.wrong == 0 && before.wrong == 0,
+        )]
+    } else {
+        // The baseline: what a restart costs without the warm set. Its answers must be correct all the same.
+        vec![Row::check(
+            "P13",
+            what,
+            measured,
+            "(baseline) every answer correct",
+            after.wrong == 0 && before.wrong == 0,
+        )]
+    }
+}
+
+enum Until {
+    Turns(usize),
+    Instant(Instant),
+}
+
+/// Every conversation's turns, concurrently, read through `worker`: a read, then the turn's events published and
+/// persisted, then [`READ_AFTER_PERSIST`]; until each has had `Until::Turns` turns or the instant has come.
+async fn turns(
+    worker: &Worker,
+    store: &BenchStore,
+    publisher: &async_nats::Client,
+    conversations: Vec<Conversation>,
+    until: Until,
+    owned: impl Fn(&str) -> bool + Copy,
+) -> (Vec<Conversation>, Reads) {
+    let until = &until;
+    let runs = conversations
+        .into_iter()
+        .map(|mut conversation| async move {
+            let mut reads = Reads::default();
+            let mut turn = 0;
+            loop {
+                match until {
+                    Until::Turns(turns) if turn >= *turns => break,
+                    Until::Instant(deadline) if Instant::now() >= *deadline => break,
+                    _ => {}
+                }
+                turn += 1;
+                let reply = worker
+                    .get(&format!(
+                        "/v1/threads/{}/history?{}",
+                        conversation.thread,
+                        Conversation::query()
+                    ))
+                    .await;
+                let body: serde_json::Value =
+                    serde_json::from_slice(&reply.body).unwrap_or_default();
+                let from_memory = reply.source == "cache";
+                reads.all += 1;
+                reads.all_from_memory += usize::from(from_memory);
+                if owned(&conversation.thread) {
+                    reads.owned += 1;
+                    reads.owned_from_memory += usize::from(from_memory);
+                }
+                if reply.status != 200 || body != conversation.expected() {
+                    reads.wrong += 1;
+                }
+                let rows = conversation.next_turn();
+                for row in &rows {
+                    Message::from_row(row).publish(publisher).await;
+                }
+                publisher.flush().await.expect("flush the publisher");
+                store.insert(&rows).await;
+                tokio::time::sleep(READ_AFTER_PERSIST).await;
+            }
+            (conversation, reads)
+        });
+    let mut total = Reads::default();
+    let mut conversations = Vec::new();
+    for (conversation, reads) in join_all(runs).await {
+        conversations.push(conversation);
+        total.owned += reads.owned;
+        total.owned_from_memory += reads.owned_from_memory;
+        total.all += reads.all;
+        total.all_from_memory += reads.all_from_memory;
+        total.wrong += reads.wrong;
+    }
+    (conversations, total)
+}
+
+/// A prefix `p` whose ports `p0`..`p2` are free (partitioned workers find each other by port).
+fn port_prefix() -> u16 {
+    (2000..3276)
+        .map(|i| 2000 + (std::process::id() as u16 % 1276 + i * 7) % 1276)
+        .find(|prefix| (0..3).all(|k| TcpListener::bind(("127.0.0.1", prefix * 10 + k)).is_ok()))
+        .expect("three free ports in a row")
+}
