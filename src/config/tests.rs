@@ -382,6 +382,14 @@ fn an_empty_index_hint_disables_it() {
 fn setting_names_are_pinned() {
     let mut pinned = [
         "HISTORY_VIEW_NATS_URL",
+        "HISTORY_VIEW_NATS_CREDS_FILE",
+        "HISTORY_VIEW_NATS_NKEY_SEED_FILE",
+        "HISTORY_VIEW_NATS_TOKEN_FILE",
+        "HISTORY_VIEW_NATS_USER",
+        "HISTORY_VIEW_NATS_PASSWORD_FILE",
+        "HISTORY_VIEW_NATS_TLS_CA_FILE",
+        "HISTORY_VIEW_NATS_TLS_CERT_FILE",
+        "HISTORY_VIEW_NATS_TLS_KEY_FILE",
         "HISTORY_VIEW_SOURCE",
         "HISTORY_VIEW_JETSTREAM_STREAMS",
         "HISTORY_VIEW_JETSTREAM_REPLAY_SECS",
