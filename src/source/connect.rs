@@ -256,7 +256,7 @@ where
     F: Fn(Event) + Send + Sync + 'static,
 {
     tracing::info!(
-        address = %access.display(),
+        nats_address = %access.display(),
         login = access.login.name(),
         tls = if access.requires_tls() { "required" } else { "as the URL or server asks" },
         "connecting to NATS"
@@ -682,7 +682,7 @@ impl ConnectionLog {
     /// Logs `event`, which happened at `now`; `possible_loss`: whether it means events may have been missed.
     pub fn log(&mut self, event: &Event, possible_loss: bool, now: Instant) {
         let Some(kind) = failure_kind(event) else {
-            tracing::info!(address = %self.address, event = %event, possible_loss, "NATS connection event");
+            tracing::info!(nats_address = %self.address, event = %event, possible_loss, "NATS connection event");
             return;
         };
         if let Some(suppressed) = self.allow(kind, now) {
@@ -692,7 +692,7 @@ impl ConnectionLog {
                 _ => "cannot connect to NATS",
             };
             tracing::warn!(
-                address = %self.address,
+                nats_address = %self.address,
                 kind,
                 error = %event,
                 possible_loss,
