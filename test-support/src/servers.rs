@@ -50,14 +50,27 @@ impl NatsServer {
         Self::start_args(false, Vec::new())
     }
 
+    /// A nats-server (Core NATS only) run with `config`, the text of a nats-server configuration file (TLS,
+    /// authorization, operator mode; file paths in it absolute). It listens on 127.0.0.1 on a free port whatever
+    /// `config` says, and counts as started once it greets with INFO (sent before any TLS handshake).
+    pub fn start_with_config(config: &str) -> Self {
+        let dir = temp_dir("nats");
+        let file = dir.join("nats.conf");
+        std::fs::write(&file, config).expect("write nats.conf");
+        Self::start_in(dir, false, vec!["-c".into(), file.display().to_string()])
+    }
+
     /// A server with `extra` arguments (a cluster's name and routes).
     fn start_with(extra: Vec<String>) -> Self {
         Self::start_args(true, extra)
     }
 
     fn start_args(jetstream: bool, extra: Vec<String>) -> Self {
+        Self::start_in(temp_dir("nats"), jetstream, extra)
+    }
+
+    fn start_in(dir: PathBuf, jetstream: bool, extra: Vec<String>) -> Self {
         let port = free_port();
-        let dir = temp_dir("nats");
         let mut args = vec![
             "-a".into(),
             "127.0.0.1".into(),

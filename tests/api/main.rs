@@ -34,6 +34,9 @@ mod hostile;
 mod limits;
 // NATS liveness: a frozen server and a half-open link are noticed within 15 s.
 mod liveness;
+// A NATS that requires a login and TLS: client certificates with an NKey user, a token, a user and password (from
+// files and in the URL), a creds file in operator mode; refusals at start name the setting, never the secret.
+mod nats_auth;
 // The fuzz targets' checks over their committed corpus (and the seeds it grew from).
 mod fuzz_corpus;
 // Overlapping faults under load: nothing lost, recovery by itself (SOAK_SECS; `make soak`). Named to sort early:
