@@ -16,9 +16,6 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures_util::future::join_all;
-use mongodb::IndexModel;
-use mongodb::bson::doc;
-use mongodb::options::IndexOptions;
 
 use chat_history_view::partition::owner;
 use test_support::class_streams::create_class_streams;
@@ -114,20 +111,7 @@ async fn run_one(setup: &Setup, mode: Mode, warm: bool) -> Vec<Row> {
     );
     let database = format!("bench_p13_{}_{side}", mode.key());
     let store = setup.store(&database).await;
-    store
-        .events()
-        .create_index(
-            IndexModel::builder()
-                .keys(doc! {"display_id": 1})
-                .options(
-                    IndexOptions::builder()
-                        .name("display_id_1".to_owned())
-                        .build(),
-                )
-                .build(),
-        )
-        .await
-        .expect("create display_id_1 on agent_events");
+    store.create_display_index().await;
     let prefix = port_prefix();
     let partitions = if mode == Mode::Partitioned {
         PARTITIONS

@@ -13,9 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use mongodb::IndexModel;
-use mongodb::bson::doc;
-use mongodb::options::IndexOptions;
 
 use crate::data::Message;
 use crate::report::{Row, progress};
@@ -51,20 +48,7 @@ struct ThreadResult {
 async fn run_with_persister_delay(setup: &Setup, persister_delay_ms: u64) -> Vec<Row> {
     let database = format!("bench_p7_{persister_delay_ms}");
     let store = setup.store(&database).await;
-    store
-        .events()
-        .create_index(
-            IndexModel::builder()
-                .keys(doc! {"display_id": 1})
-                .options(
-                    IndexOptions::builder()
-                        .name("display_id_1".to_owned())
-                        .build(),
-                )
-                .build(),
-        )
-        .await
-        .expect("create display_id_1 on agent_events");
+    store.create_display_index().await;
     let worker = setup
         .start_worker(
             &database,

@@ -147,6 +147,24 @@ impl BenchStore {
         self.db.collection("agent_events")
     }
 
+    /// Creates aihub's `display_id_1`, which the fills' query uses (P7's multi-turn workload fills a view at each
+    /// turn's new display).
+    pub async fn create_display_index(&self) {
+        self.events()
+            .create_index(
+                IndexModel::builder()
+                    .keys(doc! {"display_id": 1})
+                    .options(
+                        IndexOptions::builder()
+                            .name("display_id_1".to_owned())
+                            .build(),
+                    )
+                    .build(),
+            )
+            .await
+            .expect("create display_id_1 on agent_events");
+    }
+
     /// Inserts rows (aihub's persisted shape) in batches.
     pub async fn insert(&self, rows: &[Value]) {
         for batch in rows.chunks(INSERT_BATCH) {

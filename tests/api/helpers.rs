@@ -554,6 +554,36 @@ impl Drop for TestApp {
     }
 }
 
+/// A fresh nats-server, and a Mongo-wire server whose database (named after `prefix`, with aihub's indexes) holds
+/// one thread, `t1`: a question and its answer. What the tests of the worker process's life (start, rotation,
+/// shutdown) start from.
+pub struct OneThread {
+    pub mongo: MongoServer,
+    pub nats: NatsServer,
+    pub database: String,
+}
+
+impl OneThread {
+    pub async fn start(prefix: &str) -> Self {
+        let mongo = MongoServer::start();
+        let nats = NatsServer::start();
+        let database = unique(prefix);
+        let store = TestStore::connect(&mongo.uri(), &database).await;
+        store.create_aihub_indexes().await;
+        store
+            .insert_rows(&[
+                user_row("t1", "d1", "e1", 1, "Q"),
+                chunk_row("t1", "d1", "A", "e2", 2, "A"),
+            ])
+            .await;
+        Self {
+            mongo,
+            nats,
+            database,
+        }
+    }
+}
+
 /// A `UserAgent` user message row (a visibility marker) with one text block.
 pub fn user_row(thread: &str, display: &str, event_id: &str, created_at: i64, text: &str) -> Value {
     Event {

@@ -66,24 +66,9 @@ async fn the_official_openai_sdk_pages_every_thread_as_the_history() {
     let dir = temp_dir("sdk");
     let input = dir.join("threads.json");
     std::fs::write(&input, serde_json::to_vec(&listed).unwrap()).unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/conversations.py");
     let base_url = format!("{}/v1", app.api.address);
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python())
-            .arg(script)
-            .arg(base_url)
-            .arg(input)
-            .output()
-            .expect("the tools' python runs")
-    })
-    .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "the SDK script failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).expect("the script's JSON report");
+    let input = input.to_string_lossy().into_owned();
+    let report = run_script("conversations.py", vec![base_url, input]).await;
 
     let mut failures = Vec::new();
     let mut paged = 0;
@@ -255,10 +240,16 @@ async fn the_official_sdk_sends_a_permanent_error_once_and_retries_an_overload()
 
 /// Runs `tests/sdk/retries.py` for one call on `thread` and returns its report.
 async fn run_retries(base_url: &str, thread: &str, call: &str) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/retries.py");
-    let args = [script, base_url, thread, call].map(str::to_owned);
+    let args = [base_url, thread, call].map(str::to_owned).to_vec();
+    run_script("retries.py", args).await
+}
+
+/// Runs the SDK script `tests/sdk/<name>` with the tools' Python and `args`, and returns the JSON report it prints.
+async fn run_script(name: &str, args: Vec<String>) -> Value {
+    let script = format!("{}/tests/sdk/{name}", env!("CARGO_MANIFEST_DIR"));
     let output = tokio::task::spawn_blocking(move || {
         std::process::Command::new(python())
+            .arg(script)
             .args(args)
             .output()
             .expect("the tools' python runs")

@@ -5,9 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::helpers::{Api, BinaryApp, TestStore, chunk_row, unique, user_row};
+use crate::helpers::{Api, BinaryApp, OneThread};
 use test_support::process::temp_dir;
-use test_support::servers::{MongoServer, NatsServer};
 
 /// The time a rotation may take from the file's change (issue 37); the file is read every second.
 const ROTATION: Duration = Duration::from_secs(5);
@@ -83,17 +82,11 @@ async fn until_status(api: &Api, token: &str, status: u16, since: Instant) {
 async fn tokens_rotate_through_the_mounted_file_without_a_restart() {
     const OLD: &str = "tok-old-5e1f0c";
     const NEW: &str = "tok-new-93ab27";
-    let mongo = MongoServer::start();
-    let nats = NatsServer::start();
-    let database = unique("secrets");
-    let store = TestStore::connect(&mongo.uri(), &database).await;
-    store.create_aihub_indexes().await;
-    store
-        .insert_rows(&[
-            user_row("t1", "d1", "e1", 1, "Q"),
-            chunk_row("t1", "d1", "A", "e2", 2, "A"),
-        ])
-        .await;
+    let OneThread {
+        mongo,
+        nats,
+        database,
+    } = OneThread::start("secrets").await;
     // Both secrets from the volume: the URI with a trailing newline, as `kubectl create secret --from-file` keeps it.
     let uri = format!("{}\n", mongo.uri());
     let mut volume =

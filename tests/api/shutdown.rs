@@ -5,22 +5,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::helpers::{BinaryApp, TestStore, chunk_row, metric, spawn_app, turns, unique, user_row};
-use test_support::servers::{MongoServer, NatsServer};
+use crate::helpers::{BinaryApp, OneThread, metric, spawn_app, turns};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_a_read_in_flight_completes_the_read_and_exits_in_time() {
-    let mongo = Arc::new(MongoServer::start());
-    let nats = NatsServer::start();
-    let database = unique("shutdown");
-    let store = TestStore::connect(&mongo.uri(), &database).await;
-    store.create_aihub_indexes().await;
-    store
-        .insert_rows(&[
-            user_row("t1", "d1", "e1", 1, "Q"),
-            chunk_row("t1", "d1", "A", "e2", 2, "A"),
-        ])
-        .await;
+    let OneThread {
+        mongo,
+        nats,
+        database,
+    } = OneThread::start("shutdown").await;
+    let mongo = Arc::new(mongo);
     let mut app = BinaryApp::start(&[
         ("HISTORY_VIEW_NATS_URL", nats.url()),
         ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
@@ -86,17 +80,11 @@ async fn a_stop_request_ends_the_application_within_the_drain_time() {
 async fn sigterm_makes_the_worker_unready_and_it_serves_on_through_the_delay_refusing_none() {
     const DELAY: Duration = Duration::from_secs(20);
     const DRAIN: Duration = Duration::from_secs(5);
-    let mongo = MongoServer::start();
-    let nats = NatsServer::start();
-    let database = unique("shutdown-delay");
-    let store = TestStore::connect(&mongo.uri(), &database).await;
-    store.create_aihub_indexes().await;
-    store
-        .insert_rows(&[
-            user_row("t1", "d1", "e1", 1, "Q"),
-            chunk_row("t1", "d1", "A", "e2", 2, "A"),
-        ])
-        .await;
+    let OneThread {
+        mongo,
+        nats,
+        database,
+    } = OneThread::start("shutdown-delay").await;
     let mut app = BinaryApp::start(&[
         ("HISTORY_VIEW_NATS_URL", nats.url()),
         ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
