@@ -147,6 +147,13 @@ CASES: dict[str, dict[str, Any]] = {
             "httpIdleTimeoutSecs": 30,
             "persistLagMs": 5000,
             "shutdownDrainSecs": 20,
+            "warm": {
+                "maxThreads": 2000,
+                "bucket": "chv_hot",
+                "snapshotSecs": 30,
+                "rate": 50,
+                "maxSecs": 900,
+            },
         },
         "terminationGracePeriodSeconds": 45,
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
@@ -736,6 +743,15 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
                 strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
                 f"strategy is {strategy!r}, not RollingUpdate with maxUnavailable 0, maxSurge 1",
             )
+        # A new pod is unready during its warm-up (at most config.warm.maxSecs) and the readiness probe's failures
+        # after it: the rollout must not be marked failed meanwhile.
+        probe = values["readinessProbe"]
+        warm_wait = values["config"]["warm"]["maxSecs"] + probe["failureThreshold"] * probe["periodSeconds"]
+        expect(
+            spec.get("progressDeadlineSeconds", 600) > warm_wait,
+            f"progressDeadlineSeconds {spec.get('progressDeadlineSeconds')!r} does not exceed the warm-up's"
+            f" {warm_wait}s",
+        )
 
     pod = spec["template"]["spec"]
     pod_labels = spec["template"]["metadata"]["labels"]
@@ -818,6 +834,14 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
         env["HISTORY_VIEW_PERSIST_LAG_MS"]["value"] == str(values["config"]["persistLagMs"]),
         f"HISTORY_VIEW_PERSIST_LAG_MS is {env['HISTORY_VIEW_PERSIST_LAG_MS'].get('value')!r}",
     )
+    for name, key in [
+        ("HISTORY_VIEW_WARM_MAX_THREADS", "maxThreads"),
+        ("HISTORY_VIEW_WARM_BUCKET", "bucket"),
+        ("HISTORY_VIEW_WARM_SNAPSHOT_SECS", "snapshotSecs"),
+        ("HISTORY_VIEW_WARM_RATE", "rate"),
+        ("HISTORY_VIEW_WARM_MAX_SECS", "maxSecs"),
+    ]:
+        expect(env[name]["value"] == str(values["config"]["warm"][key]), name)
     delay = int(env["HISTORY_VIEW_SHUTDOWN_DELAY_SECS"]["value"])
     drain = int(env["HISTORY_VIEW_SHUTDOWN_DRAIN_SECS"]["value"])
     expect(

@@ -1,9 +1,10 @@
 //! `Config`: the command line, every component's settings flattened into it. Each component declares its settings
 //! beside its code as a clap `Args` group with a help heading (NATS and JetStream: [`crate::source::settings`];
-//! MongoDB and the shared bounds: [`crate::store::StoreSettings`], [`crate::store::StoreBounds`]; the cache, the HTTP
-//! API, the shadow checks and logging beside theirs). This file only loads them: it adds the environment variable
-//! to every error (clap names only the flag, and an operator sets the variable), checks the secrets after parsing
-//! so that no error echoes one (and the NATS login and TLS files, [`crate::source::connect`]), and checks the settings that depend on each other (the partitions).
+//! MongoDB and the shared bounds: [`crate::store::StoreSettings`], [`crate::store::StoreBounds`]; the cache, its
+//! warm-up, the HTTP API, the shadow checks and logging beside theirs). This file only loads them: it adds the
+//! environment variable to every error (clap names only the flag, and an operator sets the variable), checks the
+//! secrets after parsing so that no error echoes one (and the NATS login and TLS files,
+//! [`crate::source::connect`]), and checks the settings that depend on each other (the partitions).
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
@@ -18,6 +19,7 @@ pub use crate::source::settings::{
 };
 pub use crate::store::{DEFAULT_FILL_INDEX_HINT, DEFAULT_INDEX_HINT, StoreBounds, StoreSettings};
 pub use crate::telemetry::{LogFormat, LogSettings};
+pub use crate::warm::WarmSettings;
 
 /// chat-history-view: serves aihub chat histories from a live view of NATS display events, falling back to the
 /// `agent_events` collection in MongoDB. Every setting is a flag or its HISTORY_VIEW_* variable; durations take
@@ -35,6 +37,8 @@ pub struct Config {
     pub bounds: StoreBounds,
     #[command(flatten)]
     pub cache: CacheSettings,
+    #[command(flatten)]
+    pub warm: WarmSettings,
     #[command(flatten)]
     pub http: HttpSettings,
     #[command(flatten)]

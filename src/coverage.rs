@@ -42,6 +42,11 @@ impl Stamp {
     /// Never happened (a coverage start of `NEVER` covers nothing).
     const NEVER: u64 = u64::MAX;
 
+    /// Nanoseconds since a day before the origin: never 0 for a moment of this process.
+    pub fn nanos(self) -> u64 {
+        self.0
+    }
+
     pub fn plus(self, duration: Duration) -> Self {
         Self(self.0.saturating_add(nanos(duration)))
     }
@@ -335,6 +340,19 @@ impl Coverage {
         } else {
             Verdict::Deferred(earliest)
         }
+    }
+
+    /// The earliest moment a store read may start to complete a view, as far as the whole stream goes (a thread's
+    /// own removals and its entry's floor may push it later): the bound after the later of the confirmation, the
+    /// last gap and the end of the last store outage. `None` while the stream is not confirmed or the store fails.
+    pub fn complete_from(&self) -> Option<Stamp> {
+        let live_since = self.inner.live_since.load(Ordering::Acquire);
+        let store_ok_since = self.inner.store_ok_since.load(Ordering::Acquire);
+        if live_since == Stamp::NEVER || store_ok_since == Stamp::NEVER {
+            return None;
+        }
+        let gap = self.inner.last_gap.load(Ordering::Acquire);
+        Some(Stamp(live_since.max(gap).max(store_ok_since)).plus(self.inner.lag))
     }
 
     /// [`Coverage::read_start`] at the current moment.

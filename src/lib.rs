@@ -18,6 +18,8 @@
 //! - [`store`]: the MongoDB queries (the two stages and a fill) behind `StoreReads`, decoded by the same decoder.
 //! - [`cache`]: the moka cache of views; reads answer from complete views or hydrate from the store (one explicit
 //!   state per entry for what its store side is doing).
+//! - [`warm`]: the hot set (the threads read last) handed over to the next worker through a NATS key-value bucket,
+//!   and warmed up before it turns ready.
 //! - [`catch_up`]: whether the resumable source (JetStream) has what its streams hold: lanes that fall behind.
 //! - [`coverage`]: since when the live stream has covered a thread, so whether a store read may complete a view.
 //! - [`freshness`]: up to when the live stream has been applied (the covered-through instant of an answer).
@@ -53,3 +55,4 @@ pub mod store;
 pub mod subject;
 pub mod telemetry;
 pub mod view;
+pub mod warm;

@@ -4,8 +4,9 @@
 //! Each component registers the metrics it records, and owns their outcome enums, beside its code:
 //! [`IngestMetrics`] in `ingest.rs`, [`SourceMetrics`] in `source/metrics.rs`, [`CacheMetrics`] and
 //! [`ShadowMetrics`] in `cache/metrics.rs`, [`StoreMetrics`] in `store/metrics.rs`, [`HttpMetrics`] in
-//! `http/metrics.rs`. A set exports its labelled series at zero when it registers them, so a panel or an alert sees
-//! 0 rather than nothing; label values come from closed sets (the owner's enums' `label()`s), never from ids.
+//! `http/metrics.rs`, [`WarmMetrics`] in `warm/metrics.rs`. A set exports its labelled series at zero when it
+//! registers them, so a panel or an alert sees 0 rather than nothing; label values come from closed sets (the
+//! owner's enums' `label()`s), never from ids.
 //!
 //! This file keeps what they share: the [`Registrar`] they register through, the latency buckets, and the tests
 //! that pin every name and label (dashboards and alerts depend on them) and hold every help text to what its
@@ -24,6 +25,7 @@ use crate::http::HttpMetrics;
 use crate::ingest::IngestMetrics;
 use crate::source::SourceMetrics;
 use crate::store::StoreMetrics;
+use crate::warm::WarmMetrics;
 
 /// Buckets of the read and store-query durations, in seconds: from a read answered from memory to the store timeout.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -45,6 +47,8 @@ pub struct Metrics {
     pub store: Arc<StoreMetrics>,
     /// Connections, refusals, timeouts, reads, routes, errors, feeds and readiness: the HTTP side.
     pub http: Arc<HttpMetrics>,
+    /// The warm-up of the hot set handed over at a restart.
+    pub warm: Arc<WarmMetrics>,
     /// Where every set is registered; gathered for `/metrics`.
     registry: Registry,
     catalogue: Arc<Catalogue>,
@@ -75,6 +79,7 @@ impl Metrics {
         let shadow = Arc::new(ShadowMetrics::register(&mut registrar));
         let store = Arc::new(StoreMetrics::register(&mut registrar));
         let http = Arc::new(HttpMetrics::register(&mut registrar));
+        let warm = Arc::new(WarmMetrics::register(&mut registrar));
         registrar
             .gauge_vec(
                 "history_view_build_info",
@@ -109,6 +114,7 @@ impl Metrics {
             shadow,
             store,
             http,
+            warm,
             registry,
             catalogue: Arc::new(Catalogue {
                 registered: described,
@@ -324,7 +330,7 @@ mod tests {
     /// order is not pinned (the exposition sorts by name).
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 49] = [
+        let pinned: [(&str, &[&str]); 50] = [
             ("history_view_build_info", &["version"]),
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
@@ -374,6 +380,7 @@ mod tests {
             ("history_view_feed_events_total", &["kind"]),
             ("history_view_feed_resumes_total", &["outcome"]),
             ("history_view_feed_coalesced_changes_total", &[]),
+            ("history_view_warm_threads", &["state"]),
         ];
         let metrics = Metrics::new();
         let mut described: Vec<(&str, Vec<&str>)> = metrics

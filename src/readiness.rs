@@ -1,7 +1,8 @@
 //! `Readiness`: whether the worker can serve correct reads now: its NATS subscription is live (confirmed by a
 //! round trip, see [`Coverage`]) and the store answered a ping recently, and whether it should be sent any: not
-//! once it is shutting down. The ingest loop reports the subscription; a background task pings the store (the
-//! store itself tells [`Coverage`] of outages, as for every query); the shutdown marks the worker stopping.
+//! once it is shutting down, nor while it warms up its cache. The ingest loop reports the subscription; a background
+//! task pings the store (the store itself tells [`Coverage`] of outages, as for every query); the warm-up holds
+//! readiness until it is done ([`crate::warm`]); the shutdown marks the worker stopping.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,6 +39,9 @@ struct Inner {
     /// A stop signal came: `/readyz` answers 503 from then on, while the worker still serves for the shutdown delay
     /// (so the orchestrator takes it out of the endpoints before it stops accepting). Never cleared.
     stopping: AtomicBool,
+    /// The warm-up of the hot set handed over runs: `/readyz` answers 503 until it is done or
+    /// HISTORY_VIEW_WARM_MAX_SECS passed ([`crate::warm`]). Set once at the start, cleared once.
+    warming: AtomicBool,
 }
 
 /// One dependency's state, for the `/readyz` body.
@@ -57,6 +61,7 @@ impl Readiness {
                 subscribed: AtomicBool::new(false),
                 store_ok_at_ms: AtomicU64::new(0),
                 stopping: AtomicBool::new(false),
+                warming: AtomicBool::new(false),
             }),
         }
     }
@@ -79,6 +84,31 @@ impl Readiness {
     /// Marks the worker as shutting down: from now on it is not ready, whatever its dependencies say.
     pub fn set_stopping(&self) {
         self.inner.stopping.store(true, Ordering::Release);
+    }
+
+    /// The warm-up starts: not ready until [`Readiness::set_warmed`].
+    pub fn set_warming(&self) {
+        self.inner.warming.store(true, Ordering::Release);
+    }
+
+    /// The warm-up is done, or ran out of time, or cannot run.
+    pub fn set_warmed(&self) {
+        self.inner.warming.store(false, Ordering::Release);
+    }
+
+    /// Whether the warm-up is over (or never ran).
+    pub fn warm_up(&self) -> Check {
+        if self.inner.warming.load(Ordering::Acquire) {
+            Check {
+                ok: false,
+                detail: "warm-up: hydrating the threads the previous worker read last (at most HISTORY_VIEW_WARM_MAX_SECS)",
+            }
+        } else {
+            Check {
+                ok: true,
+                detail: "warm-up done, or none",
+            }
+        }
     }
 
     /// Whether the worker still takes new clients: false once it is shutting down.

@@ -28,6 +28,7 @@ use crate::source::connect::{self, ConnectionLog, NatsAccess};
 use crate::source::core::{self, ProbeSubscription};
 use crate::source::{JetStreamSource, Timing, Tracker, Witness};
 use crate::store::Store;
+use crate::warm::{self, Handover};
 
 /// The OpenAPI description of the HTTP API, served as JSON at `/openapi.json`.
 pub const OPENAPI_YAML: &str = include_str!("../docs/openapi.yaml");
@@ -48,6 +49,8 @@ pub struct Application {
     connection_events: mpsc::Receiver<async_nats::Event>,
     coverage: Coverage,
     freshness: Freshness,
+    /// The hot set's hand-over ([`crate::warm`]), on a NATS connection of its own; `None` when it is off.
+    handover: Option<Handover>,
 }
 
 /// Converts the OpenAPI YAML into the JSON served.
@@ -108,6 +111,27 @@ impl Application {
                 access.display()
             )
         })?;
+        let handover = if config.warm.enabled() {
+            // A connection of its own: a request refused for want of a permission is a server error on the
+            // connection that made it, which on the live one would count as a gap.
+            let client = connect::connect(&config.nats, &access, |_| {})
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot connect to NATS at {} (--nats-url) for the hot set",
+                        access.display()
+                    )
+                })?;
+            readiness.set_warming();
+            Some(Handover {
+                client,
+                settings: config.warm.clone(),
+                partitioning: config.jetstream.partitioning(),
+                cache_idle: config.cache.idle,
+            })
+        } else {
+            None
+        };
         let core = match config.nats.source {
             Source::Core => {
                 let subscriber = nats
@@ -180,6 +204,7 @@ impl Application {
             connection_events,
             coverage,
             freshness,
+            handover,
         })
     }
 
@@ -207,6 +232,7 @@ impl Application {
             connection_events,
             coverage,
             freshness,
+            handover,
         } = self;
         let address = listener
             .local_addr()
@@ -238,6 +264,15 @@ impl Application {
                 .clone()
                 .ping_store_until(store, stop.clone()),
         );
+        if let Some(handover) = handover {
+            // Writes the hot set once more when `stop` is cancelled: within the drain.
+            tracker.spawn(warm::run(
+                handover,
+                state.views.clone(),
+                state.readiness.clone(),
+                stop.clone(),
+            ));
+        }
         if let (Some(tokens), Some(path)) = (&state.api_token, &config.http.api_token_file) {
             tracker.spawn(tokens.clone().watch_file(path.clone(), stop.clone()));
         }

@@ -77,6 +77,9 @@ pub struct Entry {
     /// Milliseconds since the Unix epoch up to which the last store read merged into the view covers the thread
     /// (its start less the persister-lag bound); 0: none yet.
     pub stored_through: AtomicU64,
+    /// When the thread was last read ([`Coverage::now`]'s nanoseconds; a warm-up ranks below every read), 0: never:
+    /// what the hot set is chosen by ([`super::warm`]). One relaxed store per read.
+    pub last_read: AtomicU64,
 }
 
 /// A locked view ([`Entry::lock_view`]). Letting go of it applies the events that waited meanwhile, records the
@@ -229,7 +232,14 @@ impl Entry {
             too_large: AtomicBool::new(false),
             skipped_markers_warned: AtomicBool::new(false),
             stored_through: AtomicU64::new(0),
+            last_read: AtomicU64::new(0),
         }
+    }
+
+    /// Records a read of the thread now, for the hot set.
+    pub fn read_now(&self, coverage: &Coverage) {
+        self.last_read
+            .store(coverage.now().nanos(), Ordering::Relaxed);
     }
 
     /// Up to when the last store read merged into the view covers the thread.

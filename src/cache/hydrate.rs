@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::entry::Entry;
@@ -22,7 +23,8 @@ use crate::view::{ThreadView, ViewState, display_bytes};
 
 impl<S: StoreReads> ViewCache<S> {
     /// Runs the hydration `ticket` allows and hands its outcome to the readers that waited for it; a fill wanted
-    /// meanwhile is queued after it.
+    /// meanwhile is queued after it. It runs in `slot` when its caller took one (the warm-up, [`super::warm`]),
+    /// otherwise it waits for one.
     ///
     /// # Errors
     /// [`ReadError`] when no slot freed in time, the store failed, or the thread is too large; the view stays
@@ -32,8 +34,9 @@ impl<S: StoreReads> ViewCache<S> {
         entry: &Arc<Entry>,
         hydration: Hydration,
         ticket: Ticket,
+        slot: Option<OwnedSemaphorePermit>,
     ) -> Result<(), ReadError> {
-        let result = self.read_and_merge(entry, hydration).await;
+        let result = self.read_and_merge(entry, hydration, slot).await;
         let outcome = match result {
             Ok(()) => Outcome::Hydrated,
             Err(_) => Outcome::Failed,
@@ -50,10 +53,14 @@ impl<S: StoreReads> ViewCache<S> {
         &self,
         entry: &Arc<Entry>,
         hydration: Hydration,
+        slot: Option<OwnedSemaphorePermit>,
     ) -> Result<(), ReadError> {
         let deadline = self.bounds.store_deadline();
         // Waiting for a slot counts against the read's store timeout.
-        let _slot = self.hydration_slot(deadline).await?;
+        let _slot = match slot {
+            Some(slot) => (Some(slot), None),
+            None => (None, Some(self.hydration_slot(deadline).await?)),
+        };
         let start = self.coverage.read_start_now(entry.bucket, entry.floor);
         let covers_through = freshness::millis(self.store_covers_through());
         let (visible, events) = match self
@@ -257,7 +264,7 @@ impl<S: StoreReads> ViewCache<S> {
             }
             match entry.store.begin_hydration() {
                 Begin::Run(ticket) => {
-                    let result = match self.hydrate(entry, Hydration::Reread, ticket).await {
+                    let result = match self.hydrate(entry, Hydration::Reread, ticket, None).await {
                         Err(_) => RereadResult::Error,
                         Ok(()) => match self.state(entry) {
                             ViewState::Complete => RereadResult::Complete,

@@ -15,7 +15,8 @@
 //! One job a file: `entry.rs` (an entry and its lock order), `work.rs` (the store side's state machine),
 //! `hydrate.rs` (hydrations and re-reads), `fill.rs` (fills), `scan.rs` (explain's row scans and share), `form.rs`
 //! (what a read asks for and gets), `render.rs` (rendering once per version), `limit.rs` (the per-thread limit),
-//! `metrics.rs` (the cache's and the shadow checks' metrics), `settings.rs`; this file holds the public read API and
+//! `metrics.rs` (the cache's and the shadow checks' metrics), `warm.rs` (the hot set by read recency, and the
+//! warm-up's hydrations), `settings.rs`; this file holds the public read API and
 //! the moka cache. The store is read
 //! through [`StoreReads`], so `tests.rs` runs every race here on an in-memory store and tokio's paused clock.
 //!
@@ -37,6 +38,7 @@ mod shadow;
 #[cfg(test)]
 mod tests;
 mod transcript;
+mod warm;
 mod work;
 
 use std::sync::Arc;
@@ -58,6 +60,7 @@ pub use scan::RowScan;
 pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use shadow::{Verified, VerifyReport};
 pub use transcript::Transcript;
+pub use warm::{WarmPlan, WarmReport};
 
 use crate::coverage::Coverage;
 use crate::decode::ViewEvent;
@@ -255,6 +258,7 @@ impl<S: StoreReads> ViewCache<S> {
         primary: Option<&Identity>,
     ) -> Result<Answer<F>, ReadError> {
         let entry = self.entry(thread_id).await;
+        entry.read_now(&self.coverage);
         let catch_up = self.coverage.catch_up();
         if !catch_up.is_caught_up() {
             // A resumed JetStream consumer has not delivered what its stream held yet: a complete view may lack it
@@ -290,7 +294,8 @@ impl<S: StoreReads> ViewCache<S> {
             }
             match entry.store.begin_hydration() {
                 Begin::Run(ticket) => {
-                    self.hydrate(&entry, Hydration::OnRead, ticket).await?;
+                    self.hydrate(&entry, Hydration::OnRead, ticket, None)
+                        .await?;
                     let answer = self.render(&entry, primary);
                     self.reweigh(&entry).await;
                     return Ok(answer);

@@ -925,3 +925,170 @@ async fn an_explain_of_a_cold_thread_hydrates_within_the_share() {
         (Source::Cache, 2)
     );
 }
+
+/// The warm-up's plan: `rate` a second, for `secs` from now.
+fn warm_plan(rate: u32, secs: u64) -> super::WarmPlan {
+    super::WarmPlan {
+        rate,
+        deadline: tokio::time::Instant::now() + Duration::from_secs(secs),
+    }
+}
+
+fn warm_threads(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("w{i}")).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_warm_up_waits_for_the_bound_then_builds_complete_views_a_read_answers_from_memory() {
+    let scene = Scene::new();
+    scene.stored_turn();
+    let views = scene.views.clone();
+    let warming = tokio::spawn(async move {
+        views
+            .warm_up(vec![THREAD.to_owned()], warm_plan(10, 60))
+            .await
+    });
+    // Within the bound after the confirmation a store read could not complete a view: the warm-up waits.
+    tokio::time::sleep(LAG - Duration::from_millis(10)).await;
+    assert_eq!(scene.store.calls(Query::Markers), 0);
+    let report = warming.await.unwrap();
+    assert_eq!((report.listed, report.hydrated, report.pending), (1, 1, 0));
+    assert!(!report.hit_deadline);
+    assert_eq!(scene.store.calls(Query::Markers), 1);
+    assert_eq!(scene.store.calls(Query::Events), 1);
+    let answer = scene.read().await.unwrap();
+    assert_eq!(answer.source, Source::Cache);
+    assert!(body(&answer).contains("answer-one"));
+    // Complete at once: no background re-read follows.
+    tokio::time::sleep(LAG * 2).await;
+    assert_eq!(scene.store.calls(Query::Markers), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_warm_up_goes_newest_first_at_most_its_rate_and_a_gone_thread_costs_one_query() {
+    let scene = Scene::new();
+    scene.past_the_bound().await;
+    let views = scene.views.clone();
+    let start = tokio::time::Instant::now();
+    let warming =
+        tokio::spawn(async move { views.warm_up(warm_threads(4), warm_plan(2, 60)).await });
+    settle().await;
+    // The first starts at once; one more every half second.
+    assert_eq!(scene.store.calls(Query::Markers), 1);
+    assert!(scene.views.cache.contains_key("w0"));
+    assert!(!scene.views.cache.contains_key("w1"));
+    tokio::time::sleep_until(start + Duration::from_millis(490)).await;
+    assert_eq!(scene.store.calls(Query::Markers), 1);
+    tokio::time::sleep_until(start + Duration::from_millis(510)).await;
+    assert_eq!(scene.store.calls(Query::Markers), 2);
+    assert!(scene.views.cache.contains_key("w1"));
+    assert!(!scene.views.cache.contains_key("w2"));
+    let report = warming.await.unwrap();
+    assert_eq!(report.hydrated, 4);
+    assert!(tokio::time::Instant::now() >= start + Duration::from_millis(1_500));
+    // Threads that do not exist: stage 1 each, nothing else.
+    assert_eq!(scene.store.calls(Query::Markers), 4);
+    assert_eq!(scene.store.calls(Query::Events), 0);
+    // Handed on in the order they came, after every thread read since.
+    scene.read().await.unwrap();
+    assert_eq!(scene.views.hot_set(3), [THREAD, "w0", "w1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_warm_hydration_never_takes_the_last_free_slot_and_never_queues_before_reads() {
+    // Four slots: three reads held at the store leave one free, which the warm-up must not take.
+    let scene = Scene::new();
+    scene.past_the_bound().await;
+    scene.store.hold(Query::Markers);
+    let readers: Vec<_> = ["r1", "r2", "r3"]
+        .into_iter()
+        .map(|thread| {
+            let views = scene.views.clone();
+            tokio::spawn(async move { views.read::<HistoryBody>(thread, None).await })
+        })
+        .collect();
+    scene.store.reached(Query::Markers, 3).await;
+    let views = scene.views.clone();
+    let warming =
+        tokio::spawn(async move { views.warm_up(warm_threads(2), warm_plan(100, 60)).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(scene.store.calls(Query::Markers), 3);
+    // A read that comes now gets the free slot at once.
+    let late = {
+        let views = scene.views.clone();
+        tokio::spawn(async move { views.read::<HistoryBody>("r4", None).await })
+    };
+    scene.store.reached(Query::Markers, 4).await;
+    scene.store.release(Query::Markers);
+    for reader in readers {
+        reader.await.unwrap().unwrap();
+    }
+    late.await.unwrap().unwrap();
+    let report = warming.await.unwrap();
+    assert_eq!(report.hydrated, 2);
+    assert_eq!(scene.store.calls(Query::Markers), 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_warm_up_holds_at_most_half_the_slots() {
+    let scene = Scene::new();
+    scene.past_the_bound().await;
+    scene.store.hold(Query::Markers);
+    let views = scene.views.clone();
+    let warming =
+        tokio::spawn(async move { views.warm_up(warm_threads(6), warm_plan(1_000, 60)).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Four slots: two warm hydrations at once.
+    assert_eq!(scene.store.calls(Query::Markers), 2);
+    scene.store.release(Query::Markers);
+    assert_eq!(warming.await.unwrap().hydrated, 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_warm_up_stops_at_its_deadline_and_leaves_the_rest_pending() {
+    let scene = Scene::new();
+    scene.past_the_bound().await;
+    let metrics = scene.views.metrics.clone();
+    let report = scene.views.warm_up(warm_threads(10), warm_plan(1, 3)).await;
+    assert!(report.hit_deadline);
+    assert_eq!(report.listed, 10);
+    assert_eq!(report.hydrated, 3);
+    assert_eq!(report.pending, 7);
+    let rendered = metrics.render();
+    let state = |s: &str| {
+        crate::metrics::sample(
+            &rendered,
+            &format!("history_view_warm_threads{{state=\"{s}\"}}"),
+        )
+    };
+    assert_eq!(state("listed"), Some(10.0));
+    assert_eq!(state("hydrated"), Some(3.0));
+    assert_eq!(state("pending"), Some(7.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thread_read_first_is_skipped_by_the_warm_up() {
+    let scene = Scene::new();
+    scene.complete_thread().await;
+    let report = scene
+        .views
+        .warm_up(vec![THREAD.to_owned()], warm_plan(10, 60))
+        .await;
+    assert_eq!((report.hydrated, report.skipped), (0, 1));
+    assert_eq!(scene.store.calls(Query::Markers), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_hot_set_is_the_most_recently_read_newest_first() {
+    let scene = Scene::new();
+    for thread in ["a", "b", "c", "d"] {
+        scene.views.read::<HistoryBody>(thread, None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    scene.views.read::<HistoryBody>("b", None).await.unwrap();
+    // A thread only written to live is no read.
+    scene.views.apply(user("d9", "u9", 1)).await;
+    assert_eq!(scene.views.hot_set(10), ["b", "d", "c", "a"]);
+    assert_eq!(scene.views.hot_set(2), ["b", "d"]);
+    assert!(scene.views.hot_set(0).is_empty());
+}

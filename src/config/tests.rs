@@ -26,6 +26,18 @@ fn defaults_match_the_documented_values() {
     assert_eq!(config.shadow.sample, 0.01);
     assert_eq!(config.shadow.max_per_sec, 5);
     assert_eq!(config.shadow.clock_margin, Duration::from_millis(1000));
+    assert_eq!(config.warm.snapshot, Duration::from_secs(60));
+    assert_eq!(config.warm.max_threads, 10_000);
+    assert_eq!(config.warm.bucket, "chat_history_view_warm");
+    assert_eq!(config.warm.rate, 200);
+    assert_eq!(config.warm.max_wait, Duration::from_secs(60));
+    assert!(config.warm.enabled());
+}
+
+#[test]
+fn zero_warm_threads_turn_the_hand_over_off() {
+    let config = parse(&["--warm-max-threads", "0"]).unwrap();
+    assert!(!config.warm.enabled());
 }
 
 #[test]
@@ -107,6 +119,20 @@ fn bad_values_fail_naming_the_flag_and_the_variable() {
             &["--nats-subscription-capacity", "0"][..],
             "HISTORY_VIEW_NATS_SUBSCRIPTION_CAPACITY",
         ),
+        (
+            &["--warm-bucket", "hot.set"][..],
+            "--warm-bucket (HISTORY_VIEW_WARM_BUCKET)",
+        ),
+        (&["--warm-rate", "0"][..], "HISTORY_VIEW_WARM_RATE"),
+        (
+            &["--warm-max-threads", "many"][..],
+            "HISTORY_VIEW_WARM_MAX_THREADS",
+        ),
+        (&["--warm-max-secs", "0"][..], "HISTORY_VIEW_WARM_MAX_SECS"),
+        (
+            &["--warm-snapshot-secs", "0"][..],
+            "HISTORY_VIEW_WARM_SNAPSHOT_SECS",
+        ),
     ] {
         let error = parse(args).unwrap_err();
         // A refused value, not an unknown flag (whose message names the flag too).
@@ -174,6 +200,7 @@ fn help_reads_as_grouped_sections_without_rustdoc_syntax() {
             "JetStream and partitions:",
             "MongoDB:",
             "Cache:",
+            "Warm-up:",
             "HTTP:",
             "Shadow checks:",
             "Logging:"
@@ -488,6 +515,11 @@ fn setting_names_are_pinned() {
         "HISTORY_VIEW_STORE_TIMEOUT_MS",
         "HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS",
         "HISTORY_VIEW_MAX_THREAD_BYTES",
+        "HISTORY_VIEW_WARM_SNAPSHOT_SECS",
+        "HISTORY_VIEW_WARM_MAX_THREADS",
+        "HISTORY_VIEW_WARM_BUCKET",
+        "HISTORY_VIEW_WARM_RATE",
+        "HISTORY_VIEW_WARM_MAX_SECS",
         "HISTORY_VIEW_PERSIST_LAG_MS",
         "HISTORY_VIEW_SHADOW_SAMPLE",
         "HISTORY_VIEW_SHADOW_MAX_PER_SEC",

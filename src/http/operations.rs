@@ -15,7 +15,8 @@ pub async fn healthz() -> impl IntoResponse {
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     let readiness = &state.readiness;
     let (nats, store, shutdown) = (readiness.nats(), readiness.store(), readiness.shutdown());
-    let ready = nats.ok && store.ok && shutdown.ok;
+    let warm_up = readiness.warm_up();
+    let ready = nats.ok && store.ok && shutdown.ok && warm_up.ok;
     let status = if ready {
         StatusCode::OK
     } else {
@@ -27,6 +28,7 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
             "nats": {"ok": nats.ok, "detail": nats.detail},
             "store": {"ok": store.ok, "detail": store.detail},
             "shutdown": {"ok": shutdown.ok, "detail": shutdown.detail},
+            "warm_up": {"ok": warm_up.ok, "detail": warm_up.detail},
         }
     });
     (status, Json(body))

@@ -42,7 +42,8 @@ impl StoreMetrics {
             queries: registrar.counter_vec(
                 "history_view_store_queries_total",
                 "Store queries answered, by kind: hydration_markers and hydration_events (a hydration's two \
-                 stages on a read), reread_markers and reread_events (a background re-read's), shadow_markers and \
+                 stages on a read), reread_markers and reread_events (a background re-read's), warm_markers and \
+                 warm_events (a starting worker's warm-up of the hot set, off the read path), shadow_markers and \
                  shadow_events (a shadow check's), fill, explain (explain's row metadata).",
                 &["kind"],
             ),

@@ -58,6 +58,8 @@ const FILL_POOL_SIZE: u32 = 2;
 pub enum Hydration {
     OnRead,
     Reread,
+    /// A starting worker's warm-up of the hot set its predecessor handed over ([`crate::warm`]), off the read path.
+    Warm,
     /// A shadow check's read ([`crate::shadow`]), on a connection pool of its own.
     Shadow,
 }
@@ -76,11 +78,13 @@ pub enum QueryKind {
 }
 
 impl QueryKind {
-    pub const ALL: [QueryKind; 8] = [
+    pub const ALL: [QueryKind; 10] = [
         QueryKind::Markers(Hydration::OnRead),
         QueryKind::Events(Hydration::OnRead),
         QueryKind::Markers(Hydration::Reread),
         QueryKind::Events(Hydration::Reread),
+        QueryKind::Markers(Hydration::Warm),
+        QueryKind::Events(Hydration::Warm),
         QueryKind::Markers(Hydration::Shadow),
         QueryKind::Events(Hydration::Shadow),
         QueryKind::Fill,
@@ -94,6 +98,8 @@ impl QueryKind {
             QueryKind::Events(Hydration::OnRead) => "hydration_events",
             QueryKind::Markers(Hydration::Reread) => "reread_markers",
             QueryKind::Events(Hydration::Reread) => "reread_events",
+            QueryKind::Markers(Hydration::Warm) => "warm_markers",
+            QueryKind::Events(Hydration::Warm) => "warm_events",
             QueryKind::Markers(Hydration::Shadow) => "shadow_markers",
             QueryKind::Events(Hydration::Shadow) => "shadow_events",
             QueryKind::Fill => "fill",

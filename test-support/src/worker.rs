@@ -1,7 +1,7 @@
 //! The worker binary as a guarded child process, configured by environment as it is deployed: none of this
 //! process's own `HISTORY_VIEW_*` variables leak in, it listens on a free port of 127.0.0.1, logs JSON to a file in
-//! its temp dir, stops at once on SIGTERM (no shutdown delay unless a test sets one), and counts as started once
-//! `/healthz` answers. Killed (SIGKILL) on drop.
+//! its temp dir, stops at once on SIGTERM (no shutdown delay unless a test sets one), hands over no hot set (unless a
+//! test turns it on), and counts as started once `/healthz` answers. Killed (SIGKILL) on drop.
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
@@ -54,6 +54,9 @@ impl WorkerProcess {
             // A test's SIGTERM stops the worker at once: no orchestrator removes endpoints here. The tests of the
             // shutdown delay set it themselves.
             ("HISTORY_VIEW_SHUTDOWN_DELAY_SECS", "0".to_owned()),
+            // No hot set handed over (no key-value bucket, no second NATS connection, no warm-up holding
+            // readiness): the tests and benchmark targets of the warm restart turn it on.
+            ("HISTORY_VIEW_WARM_MAX_THREADS", "0".to_owned()),
         ];
         let env = defaults
             .into_iter()

@@ -97,6 +97,9 @@ pub fn base_config(nats_url: &str, mongodb_uri: &str, database: &str) -> Config 
         // Tests stop their apps at once; the delay is for an orchestrator's endpoints (tests/api/shutdown.rs).
         "--shutdown-delay-secs",
         "0",
+        // No hot set handed over: tests/api/warm.rs turns it on.
+        "--warm-max-threads",
+        "0",
     ])
     .expect("test configuration parses")
 }

@@ -73,3 +73,5 @@ mod conversations;
 mod sdk;
 // The live feed (Server-Sent Events): updates, resumes, gaps, evictions, idle timeouts, shutdown.
 mod feed;
+// Warm restarts: the hot set handed over through a NATS key-value bucket and hydrated before ready.
+mod warm;

@@ -103,6 +103,16 @@ name, on every Kubernetes version (the pod-index label exists only from 1.28). *
   value: {{ .Values.config.cacheMaxBytes | int64 | quote }}
 - name: HISTORY_VIEW_CACHE_IDLE_SECS
   value: {{ .Values.config.cacheIdleSecs | int64 | quote }}
+- name: HISTORY_VIEW_WARM_MAX_THREADS
+  value: {{ .Values.config.warm.maxThreads | int64 | quote }}
+- name: HISTORY_VIEW_WARM_BUCKET
+  value: {{ .Values.config.warm.bucket | quote }}
+- name: HISTORY_VIEW_WARM_SNAPSHOT_SECS
+  value: {{ .Values.config.warm.snapshotSecs | int64 | quote }}
+- name: HISTORY_VIEW_WARM_RATE
+  value: {{ .Values.config.warm.rate | int64 | quote }}
+- name: HISTORY_VIEW_WARM_MAX_SECS
+  value: {{ .Values.config.warm.maxSecs | int64 | quote }}
 - name: HISTORY_VIEW_STORE_TIMEOUT_MS
   value: {{ .Values.config.storeTimeoutMs | int64 | quote }}
 - name: HISTORY_VIEW_MAX_CONCURRENT_HYDRATIONS

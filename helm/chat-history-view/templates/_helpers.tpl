@@ -211,3 +211,12 @@ constraint selecting nothing spreads nothing).
 {{- end }}
 {{- toYaml $constraints }}
 {{- end }}
+
+{{/*
+A Deployment's progressDeadlineSeconds: Kubernetes' default (600), or more when the warm-up's longest wait plus the
+readiness probe's failures (failureThreshold x periodSeconds) and two minutes to pull and start would not fit in it.
+*/}}
+{{- define "chat-history-view.progressDeadline" -}}
+{{- $probe := mul (.Values.readinessProbe.failureThreshold | int64) (.Values.readinessProbe.periodSeconds | int64) }}
+{{- max 600 (add (.Values.config.warm.maxSecs | int64) $probe 120) }}
+{{- end }}

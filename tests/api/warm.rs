@@ -1,0 +1,326 @@
+//! Warm restarts ([design 2.5](../../docs/design.md#2.5)) through the built binary on real servers: the hot set
+//! written when a worker stops and every snapshot period, read by the next worker and hydrated before it turns ready
+//! (store queries of kind `warm_*`, `/readyz` 503 naming the warm-up, then 200), its reads then answered from memory
+//! and equal to the reference, a thread that changed while no worker ran included; without the bucket's permissions
+//! the worker starts cold with one warning; a hot set naming threads that do not exist costs one query each.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use serde_json::{Value, json};
+
+use crate::helpers::{Api, BinaryApp, metric, publish_rows, unique, user_row};
+use crate::scene::{Scene, now_ns, read_until_cache};
+use test_support::class_streams::create_class_streams;
+use test_support::servers::NatsServer;
+use test_support::turns::Conversation;
+
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Core,
+    JetStream,
+}
+
+/// The settings of a worker handing over its hot set through `bucket` (on by default only outside the tests).
+fn warm_env(mode: Mode, bucket: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("HISTORY_VIEW_WARM_MAX_THREADS", "1000"),
+        ("HISTORY_VIEW_WARM_BUCKET", bucket),
+    ];
+    if let Mode::JetStream = mode {
+        env.push(("HISTORY_VIEW_SOURCE", "jetstream"));
+    }
+    env.extend_from_slice(extra);
+    env.into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The binary against the scene's servers with `env`, started (answering `/healthz`), not waited for.
+async fn start(scene: &Scene, env: &[(String, String)]) -> BinaryApp {
+    let mut settings = vec![
+        ("HISTORY_VIEW_NATS_URL", scene.nats.url()),
+        ("HISTORY_VIEW_MONGODB_URI", scene.mongo.uri()),
+        ("HISTORY_VIEW_MONGODB_DATABASE", scene.database.clone()),
+    ];
+    settings.extend(env.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    BinaryApp::start_binary(
+        Path::new(env!("CARGO_BIN_EXE_chat-history-view")),
+        &settings,
+    )
+    .await
+}
+
+/// The hot set stored under `key` of `bucket`, as JSON; `None` while there is none.
+async fn stored_hot_set(nats_url: &str, bucket: &str, key: &str) -> Option<Value> {
+    let client = async_nats::connect(nats_url).await.expect("a test client");
+    let bucket = jetstream::new(client).get_key_value(bucket).await.ok()?;
+    let value = bucket.get(key).await.expect("the key reads")?;
+    Some(serde_json::from_slice(&value).expect("the hot set is JSON"))
+}
+
+fn threads_of(hot_set: &Value) -> Vec<String> {
+    assert_eq!(hot_set["version"], 1, "{hot_set}");
+    hot_set["threads"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no threads: {hot_set}"))
+        .iter()
+        .map(|id| id.as_str().expect("an id").to_owned())
+        .collect()
+}
+
+fn queries(metrics: &str, kind: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("history_view_store_queries_total{{kind=\"{kind}\"}}"),
+    )
+}
+
+fn warm_threads(metrics: &str, state: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("history_view_warm_threads{{state=\"{state}\"}}"),
+    )
+}
+
+/// Waits until the worker's `/readyz` answers 200, returning the first answer it gave (before any wait).
+async fn first_readiness_then_ready(api: &Api) -> Value {
+    let first = api.get("/readyz", &[]).await.json();
+    api.wait_readiness(true).await;
+    first
+}
+
+/// The hand-over in `mode`: a worker reads four threads and stops (it writes them at SIGTERM, not before: its
+/// snapshot period is an hour); one thread gains a turn that only the store has while no worker runs; the next
+/// worker reads the hot set, holds `/readyz` at 503 naming the warm-up while it hydrates them off the read path,
+/// and then answers every thread from memory, equal to the reference, without a store query on the read path.
+async fn handed_over_on_sigterm_and_warmed_before_ready(mode: Mode) {
+    let scene = Scene::new().await;
+    if let Mode::JetStream = mode {
+        let classes = ["UserAgent", "TurnAgent", "HelperAgent"].map(str::to_owned);
+        create_class_streams(&scene.nats.url(), classes).await;
+    }
+    let bucket = unique("warm");
+    let old = start(
+        &scene,
+        &warm_env(
+            mode,
+            &bucket,
+            &[("HISTORY_VIEW_WARM_SNAPSHOT_SECS", "3600")],
+        ),
+    )
+    .await;
+    old.wait_ready().await;
+    let mut conversations: Vec<Conversation> = (0..4)
+        .map(|i| Conversation::new(unique(&format!("warm{i}-"))))
+        .collect();
+    for conversation in &mut conversations {
+        let turn = conversation.next_turn();
+        scene.store.insert_rows(&turn).await;
+        publish_rows(&scene.publisher, &turn).await;
+        read_until_cache(&old.api, &conversation.thread, &Conversation::query()).await;
+    }
+    // Read once more in order: the last read is the newest.
+    for conversation in &conversations {
+        let reply = old
+            .api
+            .history(&conversation.thread, &Conversation::query())
+            .await;
+        assert_eq!(reply.source(), Some("cache"), "{}", reply.body);
+    }
+    // Not written yet: the worker wrote back what it found at its start (nothing).
+    let before = stored_hot_set(&scene.nats.url(), &bucket, "all")
+        .await
+        .expect("written back at the start");
+    assert!(threads_of(&before).is_empty(), "{before}");
+
+    let mut old = old;
+    old.terminate();
+    old.wait_exit(Duration::from_secs(20))
+        .await
+        .expect("the worker stops");
+    let handed = stored_hot_set(&scene.nats.url(), &bucket, "all")
+        .await
+        .expect("written at SIGTERM");
+    let newest_first: Vec<String> = conversations
+        .iter()
+        .rev()
+        .map(|c| c.thread.clone())
+        .collect();
+    assert_eq!(threads_of(&handed), newest_first);
+    // Ids only: no message text at rest.
+    assert!(!handed.to_string().contains("answer"), "{handed}");
+
+    // While no worker runs, the first thread gains a turn only the store has.
+    let stored_only = conversations[0].next_turn();
+    scene.store.insert_rows(&stored_only).await;
+
+    // One hydration a second: the warm-up lasts seconds, and /readyz says so meanwhile.
+    let new = start(
+        &scene,
+        &warm_env(mode, &bucket, &[("HISTORY_VIEW_WARM_RATE", "1")]),
+    )
+    .await;
+    let first = first_readiness_then_ready(&new.api).await;
+    assert_eq!(first["ready"], false, "{first}");
+    assert_eq!(first["checks"]["warm_up"]["ok"], false, "{first}");
+    assert!(
+        first["checks"]["warm_up"]["detail"]
+            .as_str()
+            .is_some_and(|detail| detail.contains("warm-up")),
+        "{first}"
+    );
+    let at_ready = new.api.metrics().await;
+    assert_eq!(warm_threads(&at_ready, "listed"), 4.0, "{at_ready}");
+    assert_eq!(warm_threads(&at_ready, "hydrated"), 4.0, "{at_ready}");
+    assert_eq!(warm_threads(&at_ready, "pending"), 0.0, "{at_ready}");
+    assert_eq!(queries(&at_ready, "warm_markers"), 4.0);
+    assert_eq!(queries(&at_ready, "warm_events"), 4.0);
+    assert_eq!(queries(&at_ready, "hydration_markers"), 0.0);
+
+    for conversation in &conversations {
+        let reply = new
+            .api
+            .history(&conversation.thread, &Conversation::query())
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.source(), Some("cache"), "{}", reply.body);
+        assert_eq!(reply.json(), conversation.expected());
+    }
+    let after = new.api.metrics().await;
+    assert_eq!(queries(&after, "hydration_markers"), 0.0);
+    assert_eq!(queries(&after, "hydration_events"), 0.0);
+    let done = new.log_lines("warm-up done");
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert!(done[0].contains(r#""hydrated":4"#), "{done:?}");
+    assert!(done[0].contains(r#""hit_max":false"#), "{done:?}");
+}
+
+#[tokio::test]
+async fn the_hot_set_is_handed_over_on_sigterm_and_warmed_before_ready_on_core_nats() {
+    handed_over_on_sigterm_and_warmed_before_ready(Mode::Core).await;
+}
+
+#[tokio::test]
+async fn the_hot_set_is_handed_over_on_sigterm_and_warmed_before_ready_with_jetstream() {
+    handed_over_on_sigterm_and_warmed_before_ready(Mode::JetStream).await;
+}
+
+#[tokio::test]
+async fn the_hot_set_is_written_every_snapshot_period() {
+    let scene = Scene::new().await;
+    let bucket = unique("warm");
+    let app = start(
+        &scene,
+        &warm_env(
+            Mode::Core,
+            &bucket,
+            &[("HISTORY_VIEW_WARM_SNAPSHOT_SECS", "1")],
+        ),
+    )
+    .await;
+    app.wait_ready().await;
+    let thread = unique("periodic");
+    scene.warm(&app.api, &thread).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stored = stored_hot_set(&scene.nats.url(), &bucket, "all").await;
+        if stored
+            .as_ref()
+            .is_some_and(|s| threads_of(s) == [thread.clone()])
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never written: {stored:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_hot_set_of_threads_that_no_longer_exist_costs_one_query_each() {
+    let scene = Scene::new().await;
+    let bucket = unique("warm");
+    let client = async_nats::connect(scene.nats.url()).await.expect("client");
+    let store = jetstream::new(client)
+        .create_key_value(kv::Config {
+            bucket: bucket.clone(),
+            history: 1,
+            ..kv::Config::default()
+        })
+        .await
+        .expect("the bucket");
+    let gone: Vec<String> = (0..3).map(|i| unique(&format!("gone{i}-"))).collect();
+    let hot_set = json!({"version": 1, "written_at_ms": 0, "threads": gone});
+    store
+        .put("all", hot_set.to_string().into())
+        .await
+        .expect("a hot set");
+    let app = start(&scene, &warm_env(Mode::Core, &bucket, &[])).await;
+    app.wait_ready().await;
+    let metrics = app.api.metrics().await;
+    assert_eq!(warm_threads(&metrics, "hydrated"), 3.0, "{metrics}");
+    assert_eq!(queries(&metrics, "warm_markers"), 3.0);
+    assert_eq!(queries(&metrics, "warm_events"), 0.0);
+    // Nothing follows: no re-read, no fill.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = app.api.metrics().await;
+    for kind in [
+        "warm_markers",
+        "reread_markers",
+        "hydration_markers",
+        "fill",
+    ] {
+        assert_eq!(queries(&later, kind), queries(&metrics, kind), "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn without_the_buckets_permissions_the_worker_starts_cold_with_one_warning() {
+    let store_dir = test_support::process::temp_dir("nats-js");
+    // The worker may subscribe to anything and publish only its own inboxes: no JetStream API, no $KV.
+    let nats = NatsServer::start_with_config(&format!(
+        "jetstream {{ store_dir: {:?} }}\n\
+         authorization {{ users = [\n\
+           {{ user: chv, password: chv, permissions: {{ publish: {{ allow: [\"_INBOX.>\"] }}, subscribe: {{ allow: [\">\"] }} }} }},\n\
+           {{ user: aihub, password: aihub }}\n\
+         ] }}\n",
+        store_dir.display().to_string()
+    ));
+    let mongo = test_support::servers::MongoServer::start();
+    let database = unique("warm");
+    let store = crate::helpers::TestStore::connect(&mongo.uri(), &database).await;
+    store.create_aihub_indexes().await;
+    let url = nats.url().replace("nats://", "nats://chv:chv@");
+    let env = [
+        ("HISTORY_VIEW_NATS_URL", url),
+        ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+        ("HISTORY_VIEW_MONGODB_DATABASE", database),
+        ("HISTORY_VIEW_WARM_MAX_THREADS", "1000".to_owned()),
+        ("HISTORY_VIEW_WARM_BUCKET", "chv_warm".to_owned()),
+    ];
+    let app = BinaryApp::start(&env).await;
+    app.wait_ready().await;
+    let thread = unique("cold");
+    store
+        .insert_rows(&[user_row(&thread, "d1", "e1", now_ns(0), "Q")])
+        .await;
+    let first = app.api.history(&thread, "").await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.source(), Some("store"));
+    read_until_cache(&app.api, &thread, "").await;
+    let warnings = app.log_lines(r#""level":"WARN""#);
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(warnings[0].contains("chv_warm"), "{warnings:?}");
+    assert!(warnings[0].contains("stream info"), "{warnings:?}");
+    let metrics = app.api.metrics().await;
+    assert_eq!(warm_threads(&metrics, "listed"), 0.0);
+    // The refused requests went over the bucket's own connection: the live one saw no error (a gap on Core NATS).
+    assert_eq!(
+        metric(
+            &metrics,
+            "history_view_nats_connection_events_total{event=\"server_error\"}"
+        ),
+        0.0
+    );
+}
