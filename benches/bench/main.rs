@@ -9,6 +9,7 @@
 //! - `BENCH_EVENTS_P1` (default 200000) and `BENCH_EVENTS_P5` (default 1000000): events streamed in P1 and P5.
 //! - `BENCH_FULL=1`: P4 also reconstructs a 100k-event thread (several minutes against the local store).
 //! - `BENCH_ONLY=P1,P4`: run only these measurements.
+//! - `BENCH_P13=partitioned-cold,core-warm`: only these of P13's restarts (`<core|jetstream|partitioned>-<cold|warm>`).
 //!
 //! Each measurement starts its own worker process(es) on its own database; the NATS and Mongo-wire servers are
 //! shared by the run. Progress goes to stderr, the table to stdout.
