@@ -71,10 +71,7 @@ impl Config {
             .map_err(|error| name_the_variable(error.format(&mut Self::command())))?;
         config.read_secret_files(&matches)?;
         if let Err((flag, reason)) = config.resolve_partition(std::env::var("HOSTNAME").ok()) {
-            return Err(Self::command().error(
-                ErrorKind::ValueValidation,
-                format!("invalid value for {}: {reason}", setting(flag)),
-            ));
+            return Err(invalid(flag, reason));
         }
         let secrets = [
             ("nats-url", config.nats.check_url()),
@@ -83,26 +80,16 @@ impl Config {
         ];
         for (flag, check) in secrets {
             if let Err(reason) = check {
-                return Err(Self::command().error(
-                    ErrorKind::ValueValidation,
-                    format!(
-                        "invalid value for {}: {reason} (the value is not shown: it may hold credentials)",
-                        setting(flag)
-                    ),
+                return Err(invalid(
+                    flag,
+                    format!("{reason} (the value is not shown: it may hold credentials)"),
                 ));
             }
         }
         // The NATS login and TLS files, read and checked now so that a bad one stops the start (the client would
         // retry it forever); the worker reads them again when it connects.
         if let Err(error) = config.nats.check_access() {
-            return Err(Self::command().error(
-                ErrorKind::ValueValidation,
-                format!(
-                    "invalid value for {}: {}",
-                    setting(error.flag),
-                    error.reason
-                ),
-            ));
+            return Err(invalid(error.flag, error.reason));
         }
         Ok(config)
     }
@@ -147,12 +134,9 @@ impl Config {
         ];
         for (flag, read) in files {
             if let Err(reason) = read {
-                return Err(Self::command().error(
-                    ErrorKind::ValueValidation,
-                    format!(
-                        "invalid value for {}: {reason} (the content is not shown: it holds credentials)",
-                        setting(flag)
-                    ),
+                return Err(invalid(
+                    flag,
+                    format!("{reason} (the content is not shown: it holds credentials)"),
                 ));
             }
         }
@@ -209,6 +193,14 @@ impl Config {
     pub fn witness(&self) -> bool {
         self.nats.source == Source::JetStream && self.jetstream.witness
     }
+}
+
+/// A value of the setting whose long flag is `flag` that a check after parsing refused, for `reason`.
+fn invalid(flag: &str, reason: impl std::fmt::Display) -> clap::Error {
+    Config::command().error(
+        ErrorKind::ValueValidation,
+        format!("invalid value for {}: {reason}", setting(flag)),
+    )
 }
 
 /// `--flag (HISTORY_VIEW_…)` for the setting whose long flag is `flag`: how every error names a setting.
