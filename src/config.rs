@@ -18,6 +18,7 @@ pub use crate::source::settings::{
     DEFAULT_REPLAY_MARGIN, DEFAULT_SUBJECT, JetStreamArgs, NatsSettings, Source,
 };
 pub use crate::store::{DEFAULT_FILL_INDEX_HINT, DEFAULT_INDEX_HINT, StoreBounds, StoreSettings};
+pub use crate::telemetry::trace::TraceSettings;
 pub use crate::telemetry::{LogFormat, LogSettings};
 pub use crate::warm::WarmSettings;
 
@@ -45,6 +46,8 @@ pub struct Config {
     pub shadow: ShadowSettings,
     #[command(flatten)]
     pub log: LogSettings,
+    #[command(flatten)]
+    pub trace: TraceSettings,
 }
 
 impl Config {

@@ -1,5 +1,5 @@
-//! The `chat-history-view` binary: parse the configuration, start logging, build the application, run it until
-//! SIGINT or SIGTERM, report how it ended.
+//! The `chat-history-view` binary: parse the configuration, start logging and the trace exporter, build the
+//! application, run it until SIGINT or SIGTERM, report how it ended.
 
 use std::process::ExitCode;
 
@@ -16,12 +16,22 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::load();
-    telemetry::init(config.log.format, std::io::stdout);
+    let (exporter, tracer) = match telemetry::trace::build(&config.trace) {
+        Ok(built) => built.unzip(),
+        Err(error) => {
+            eprintln!("cannot start the trace exporter: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    telemetry::init(config.log.format, std::io::stdout, tracer);
     let result = async {
         let application = Application::build(config).await?;
         application.run_until_stopped(shutdown::signal()).await
     }
     .await;
+    if let Some(exporter) = exporter {
+        exporter.shutdown();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

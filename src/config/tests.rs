@@ -203,7 +203,8 @@ fn help_reads_as_grouped_sections_without_rustdoc_syntax() {
             "Warm-up:",
             "HTTP:",
             "Shadow checks:",
-            "Logging:"
+            "Logging:",
+            "Tracing:"
         ]
     );
     for rustdoc in ["[`", "`]", "crate::", "](", "Self::"] {
@@ -536,14 +537,22 @@ fn setting_names_are_pinned() {
         "HISTORY_VIEW_API_TOKEN_FILE",
         "HISTORY_VIEW_INSPECTOR",
         "HISTORY_VIEW_LOG_FORMAT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
+        "OTEL_SDK_DISABLED",
     ];
     let command = Config::command();
     let mut settings: Vec<String> = Vec::new();
     for arg in command.get_arguments() {
         let Some(env) = arg.get_env() else { continue };
         let env = env.to_string_lossy().into_owned();
+        // The OpenTelemetry settings keep their standard names, and their flags the whole name.
         let flag = env
             .strip_prefix("HISTORY_VIEW_")
+            .or_else(|| env.starts_with("OTEL_").then_some(env.as_str()))
             .unwrap()
             .to_ascii_lowercase()
             .replace('_', "-");
@@ -606,12 +615,15 @@ fn design_section_4_lists_the_settings_as_help_does() {
             heading = h.to_owned();
         }
         let cells: Vec<&str> = line.split(" | ").collect();
-        let Some(env) = cells[0].strip_prefix("| `HISTORY_VIEW_") else {
+        let Some(env) = ["HISTORY_VIEW_", "OTEL_"].iter().find_map(|prefix| {
+            let name = cells[0].strip_prefix(&format!("| `{prefix}"))?;
+            Some(format!("{prefix}{}", name.trim_end_matches('`')))
+        }) else {
             continue;
         };
         listed.push((
             heading.clone(),
-            format!("HISTORY_VIEW_{}", env.trim_end_matches('`')),
+            env,
             cells[1].trim_matches('`').to_owned(),
             cells[2].to_owned(),
         ));

@@ -60,9 +60,9 @@ static TELEMETRY: Once = Once::new();
 fn init_telemetry() {
     TELEMETRY.call_once(|| {
         if std::env::var_os("TEST_LOG").is_some() {
-            chat_history_view::telemetry::init(LogFormat::Text, std::io::stderr);
+            chat_history_view::telemetry::init(LogFormat::Text, std::io::stderr, None);
         } else {
-            chat_history_view::telemetry::init(LogFormat::Text, std::io::sink);
+            chat_history_view::telemetry::init(LogFormat::Text, std::io::sink, None);
         }
     });
 }
