@@ -4,7 +4,10 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use opentelemetry::trace::TraceContextExt;
 use tokio::sync::mpsc;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::entry::Entry;
 use super::metrics::FillOutcome;
@@ -12,6 +15,7 @@ use super::work::{Outcome, Ticket};
 use super::{LimitPath, ViewCache};
 use crate::decode::ViewEvent;
 use crate::store::{Bounds, StoreReads};
+use crate::telemetry::trace::MAX_LINKS;
 use crate::view::ViewState;
 
 /// Most views one fill query serves.
@@ -21,6 +25,9 @@ const FILL_BATCH: usize = 64;
 pub struct FillRequest {
     entry: Arc<Entry>,
     ticket: Ticket,
+    /// The span that asked for the fill (a read's hydration, an ingested event's `process` span, a fill before
+    /// it), when tracing is on and one was current: the fill's span joins its trace.
+    asked_by: Option<opentelemetry::Context>,
 }
 
 impl<S: StoreReads> ViewCache<S> {
@@ -34,7 +41,12 @@ impl<S: StoreReads> ViewCache<S> {
     }
 
     pub(super) fn queue_fill(&self, entry: Arc<Entry>, ticket: Ticket) {
-        if self.fills.try_send(FillRequest { entry, ticket }).is_err() {
+        let request = FillRequest {
+            entry,
+            ticket,
+            asked_by: super::current_context(),
+        };
+        if self.fills.try_send(request).is_err() {
             // The queue is full (or the service is stopping): no fill; the ticket is dropped with the request. The
             // view stays partial (a display is left uncovered), so the next read hydrates.
             self.metrics.cache.fill(FillOutcome::Error);
@@ -73,6 +85,27 @@ impl<S: StoreReads> ViewCache<S> {
     ///
     /// [design 2.1.1]: ../../docs/design.md#2.1.1
     async fn fill(&self, batch: Vec<FillRequest>) {
+        // One `fill` span per query ([design 5](../../docs/design.md#5), "Traces"), a child of the first span that
+        // asked for one of its views and linked to the others (at most `MAX_LINKS`); a root the configured
+        // sampler decides when none did. The stored and waiting live events are merged inside it.
+        let span = tracing::info_span!(
+            "fill",
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+        );
+        let mut asked_by = batch.iter().filter_map(|request| request.asked_by.as_ref());
+        if let Some(first) = asked_by.next() {
+            // Err: the span is disabled; there is nothing to parent.
+            let _ = span.set_parent(first.clone());
+        }
+        for other in asked_by.take(MAX_LINKS) {
+            span.add_link(other.span().span_context().clone());
+        }
+        self.fill_views(batch).instrument(span).await;
+    }
+
+    /// [`ViewCache::fill`], inside its span.
+    async fn fill_views(&self, batch: Vec<FillRequest>) {
         let mut work: Vec<(FillRequest, Vec<Box<str>>)> = Vec::with_capacity(batch.len());
         let mut threads = HashSet::new();
         for request in batch {
@@ -107,6 +140,7 @@ impl<S: StoreReads> ViewCache<S> {
         let events = match self.store.fill_events(&wanted, bounds).await {
             Ok(events) => events,
             Err(error) => {
+                tracing::Span::current().record("otel.status_code", "error");
                 tracing::warn!(views = work.len(), %error, "filling newly visible displays failed; their next reads hydrate");
                 for (request, _) in work {
                     if request.entry.lock_view(&self.metrics).downgrade() {
@@ -150,7 +184,7 @@ impl<S: StoreReads> ViewCache<S> {
     /// Ends a fill's store job; a fill wanted meanwhile (a display uncovered after this one read its displays) is
     /// queued next.
     fn finish_fill(&self, request: FillRequest, outcome: Outcome) {
-        let FillRequest { entry, ticket } = request;
+        let FillRequest { entry, ticket, .. } = request;
         if let Some(next) = ticket.finish(outcome) {
             self.queue_fill(entry, next);
         }

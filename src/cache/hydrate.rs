@@ -1,12 +1,14 @@
 //! Hydrations: a thread's two-stage store read merged with the live events its view holds, completed only by the
 //! persister-lag rule ([design 2.1.1](../../docs/design.md#2.1.1)); and the one background re-read of a view that
-//! rule held partial.
+//! rule held partial. Each hydration is a `hydrate` span ([design 5](../../docs/design.md#5), "Traces"), its two
+//! store queries its children.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::entry::Entry;
 use super::form::{Answer, Form, Source};
@@ -36,13 +38,27 @@ impl<S: StoreReads> ViewCache<S> {
         ticket: Ticket,
         slot: Option<OwnedSemaphorePermit>,
     ) -> Result<(), ReadError> {
-        let result = self.read_and_merge(entry, hydration, slot).await;
+        // Its span is a child of the read that runs it (the readers that join it wait inside their own `cache`
+        // spans); a background re-read's or the warm-up's is a root. The live events held are merged inside it.
+        let span = tracing::info_span!(
+            "hydrate",
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+        );
+        let result = self
+            .read_and_merge(entry, hydration, slot)
+            .instrument(span.clone())
+            .await;
         let outcome = match result {
             Ok(()) => Outcome::Hydrated,
-            Err(_) => Outcome::Failed,
+            Err(_) => {
+                span.record("otel.status_code", "error");
+                Outcome::Failed
+            }
         };
         if let Some(fill) = ticket.finish(outcome) {
-            self.queue_fill(Arc::clone(entry), fill);
+            // The fill wanted meanwhile follows this hydration: it is parented to it.
+            span.in_scope(|| self.queue_fill(Arc::clone(entry), fill));
         }
         result
     }
@@ -127,6 +143,15 @@ impl<S: StoreReads> ViewCache<S> {
     /// # Errors
     /// [`ReadError`] as for a hydration.
     pub async fn read_uncached<F: Form>(
+        &self,
+        thread_id: &str,
+        primary: Option<&Identity>,
+    ) -> Result<Answer<F>, ReadError> {
+        super::in_cache_span(self.read_store_only(thread_id, primary)).await
+    }
+
+    /// [`ViewCache::read_uncached`], inside its `cache` span.
+    async fn read_store_only<F: Form>(
         &self,
         thread_id: &str,
         primary: Option<&Identity>,

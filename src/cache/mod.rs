@@ -50,6 +50,7 @@ use moka::ops::compute::Op;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 pub use etag::etag_of;
 pub use form::{Answer, Facts, Form, HistoryBody, Source};
@@ -75,6 +76,40 @@ use crate::view::{Inserted, ViewState};
 use entry::Entry;
 use fill::FillRequest;
 use work::{Begin, Outcome};
+
+/// Runs `read`, the cache's part of a read, inside a `cache` span ([design 5](../../docs/design.md#5), "Traces"): a
+/// hydration, a fill's wait or a store read are its children; it records where the answer came from
+/// (`chat_history_view.source`, as `X-History-Source`), or that the read failed.
+async fn in_cache_span<F>(
+    read: impl Future<Output = Result<Answer<F>, ReadError>>,
+) -> Result<Answer<F>, ReadError> {
+    let span = tracing::info_span!(
+        "cache",
+        otel.kind = "internal",
+        chat_history_view.source = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    let answer = read.instrument(span.clone()).await;
+    match &answer {
+        Ok(answer) => span.record("chat_history_view.source", answer.source.label()),
+        Err(_) => span.record("otel.status_code", "error"),
+    };
+    answer
+}
+
+/// The context of the span current now, if one is recorded: what a store job queued now for later (a fill) is
+/// parented to, so that it joins the read, hydration or ingested event that asked for it. With tracing off no span
+/// is ever current, so this is one thread-local look-up (and fills are queued rarely, never per event).
+fn current_context() -> Option<opentelemetry::Context> {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let span = tracing::Span::current();
+    if span.is_disabled() {
+        return None;
+    }
+    let cx = span.context();
+    cx.span().span_context().is_valid().then_some(cx)
+}
 
 /// Fills waiting for a query; beyond it a fill is dropped and its view's next read hydrates.
 const FILL_QUEUE: usize = 1024;
@@ -253,6 +288,15 @@ impl<S: StoreReads> ViewCache<S> {
     /// # Errors
     /// [`ReadError`] when the view needed the store and the store failed (or was busy), or the thread is too large.
     pub async fn read<F: Form>(
+        &self,
+        thread_id: &str,
+        primary: Option<&Identity>,
+    ) -> Result<Answer<F>, ReadError> {
+        in_cache_span(self.read_through(thread_id, primary)).await
+    }
+
+    /// [`ViewCache::read`], inside its `cache` span.
+    async fn read_through<F: Form>(
         &self,
         thread_id: &str,
         primary: Option<&Identity>,

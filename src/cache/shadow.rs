@@ -13,6 +13,7 @@ use std::time::SystemTime;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::entry::Entry;
 use super::{ReadError, ViewCache};
@@ -193,6 +194,25 @@ impl<S: StoreReads> ViewCache<S> {
     /// The thread's two-stage query (on the checks' pool, within the store timeout) over the snapshot's visible
     /// displays and the store's, compared with the snapshot.
     async fn compare_with_store(&self, snapshot: &Snapshot) -> Result<Comparison, ReadError> {
+        // A `shadow_check` span holds the check's two store queries: a root the configured sampler decides for a
+        // sampled check, a child of the request's span for a verify.
+        let span = tracing::info_span!(
+            "shadow_check",
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+        );
+        let comparison = self
+            .query_and_compare(snapshot)
+            .instrument(span.clone())
+            .await;
+        if comparison.is_err() {
+            span.record("otel.status_code", "error");
+        }
+        comparison
+    }
+
+    /// [`ViewCache::compare_with_store`], inside its span.
+    async fn query_and_compare(&self, snapshot: &Snapshot) -> Result<Comparison, ReadError> {
         let deadline = self.checks.bounds.store_deadline();
         let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.checks.slots.acquire()).await
         else {

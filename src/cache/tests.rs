@@ -1092,3 +1092,115 @@ async fn the_hot_set_is_the_most_recently_read_newest_first() {
     assert_eq!(scene.views.hot_set(2), ["b", "d"]);
     assert!(scene.views.hot_set(0).is_empty());
 }
+
+/// The spans of the cache's part of a read ([design 5](../../docs/design.md#5), "Traces").
+mod spans {
+    use opentelemetry::trace::SpanId;
+    use opentelemetry_sdk::trace::SpanData;
+    use tracing::Instrument;
+
+    use super::*;
+    use crate::telemetry::testing::{attribute, is_child_of, record};
+
+    fn source(span: &SpanData) -> Option<String> {
+        attribute(span, "chat_history_view.source").map(|v| v.to_string())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_readers_each_have_a_cache_span_and_the_one_hydration_is_a_child_of_the_reader_running_it()
+     {
+        let spans = record();
+        let scene = Scene::new();
+        scene.stored_turn();
+        scene.past_the_bound().await;
+        scene.store.hold(Query::Markers);
+        let readers: Vec<_> = (0..4).map(|_| scene.spawn_read()).collect();
+        scene.store.reached(Query::Markers, 1).await;
+        settle().await;
+        scene.store.release(Query::Markers);
+        for reader in readers {
+            reader.await.unwrap().unwrap();
+        }
+        let reads = spans.named("cache");
+        assert_eq!(reads.len(), 4);
+        assert!(
+            reads
+                .iter()
+                .all(|read| source(read).as_deref() == Some("store"))
+        );
+        assert!(
+            reads
+                .iter()
+                .all(|read| read.parent_span_id == SpanId::INVALID),
+            "no span was current around the reads"
+        );
+        let hydration = spans.one("hydrate");
+        assert_eq!(
+            reads
+                .iter()
+                .filter(|read| is_child_of(&hydration, read))
+                .count(),
+            1
+        );
+        // From memory now: a cache span without a hydration.
+        assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+        assert_eq!(spans.named("cache").len(), 5);
+        let last = spans.named("cache").pop().unwrap();
+        assert_eq!(source(&last).as_deref(), Some("cache"));
+        assert_eq!(spans.named("hydrate").len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_inside_a_span_is_its_child_and_the_background_reread_it_leads_to_is_a_root() {
+        let spans = record();
+        let scene = Scene::new();
+        scene.stored_turn();
+        // Before the bound: the view stays partial, and a re-read is due once the bound has passed.
+        let request = tracing::info_span!("request");
+        let answer = scene.read().instrument(request.clone()).await.unwrap();
+        drop(request);
+        assert_eq!(answer.source, Source::Store);
+        scene.past_the_bound().await;
+        settle().await;
+        assert_eq!(scene.store.calls(Query::Markers), 2, "the re-read ran");
+        let request = spans.one("request");
+        let read = spans.one("cache");
+        assert!(is_child_of(&read, &request));
+        let hydrations = spans.named("hydrate");
+        assert_eq!(hydrations.len(), 2);
+        assert!(is_child_of(&hydrations[0], &read));
+        assert_eq!(hydrations[1].parent_span_id, SpanId::INVALID);
+        assert_ne!(
+            hydrations[1].span_context.trace_id(),
+            request.span_context.trace_id()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fill_joins_the_span_that_asked_for_it_and_is_a_root_when_none_did() {
+        let spans = record();
+        let scene = Scene::new();
+        scene.complete_thread().await;
+        let asker = tracing::info_span!("asker");
+        scene
+            .new_turn_revealing_a_stored_event()
+            .instrument(asker.clone())
+            .await;
+        drop(asker);
+        settle().await;
+        // A second new turn, its marker applied with no span current.
+        scene.store.persist(&chunk("d3", "c3", 5, "answer-three"));
+        let marker = user("d3", "u3", 6);
+        scene.store.persist(&marker);
+        scene.views.apply(marker).await;
+        settle().await;
+        assert_eq!(scene.store.calls(Query::Fill), 2);
+        let answer = scene.read().await.unwrap();
+        assert_eq!(answer.source, Source::Cache);
+        assert!(body(&answer).contains("answer-three"));
+        let fills = spans.named("fill");
+        assert_eq!(fills.len(), 2);
+        assert!(is_child_of(&fills[0], &spans.one("asker")));
+        assert_eq!(fills[1].parent_span_id, SpanId::INVALID);
+    }
+}

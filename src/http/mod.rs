@@ -1,7 +1,8 @@
 //! The HTTP API ([design section 3](../../docs/design.md#3)): `router(state)` and the shared `AppState`. Handlers are
 //! thin: extract a [`read::ThreadRequest`], call one function, map the result. The read they share (the request's
 //! checks, the read itself, the wait for a run or a change, the answer's headers) is [`read`]; routing among
-//! partitioned workers is [`route`]. The HTTP side's metrics are in `metrics.rs` ([`HttpMetrics`]).
+//! partitioned workers is [`route`]. The HTTP side's metrics are in `metrics.rs` ([`HttpMetrics`]); each API
+//! request's server span is [`trace`].
 
 mod conversations;
 mod error;
@@ -15,6 +16,7 @@ mod route;
 mod serve;
 mod settings;
 mod tokens;
+mod trace;
 
 use std::sync::Arc;
 
@@ -107,14 +109,16 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
             get(feed::stream_history),
         )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    // Every API answer passes `count_errors`; the operations endpoints, added after it, do not.
+    // Every API answer passes `count_errors`, and runs inside its server span (outermost, so that refusals by the
+    // token and the in-flight limit are traced too); the operations endpoints, added after them, do neither.
     let api = Router::new()
         .merge(api)
         .merge(feeds)
         .route("/inspect/threads/{thread_id}", get(explain::inspector))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), count_errors));
+        .layer(middleware::from_fn_with_state(state.clone(), count_errors))
+        .layer(middleware::from_fn(trace::trace_request));
     operations(api).with_state(state)
 }
 

@@ -4,7 +4,8 @@
 //!   `canonicalize=true`) and the query, checked once (the bearer token was checked before, by the router's
 //!   middleware); the identity and the wait for a run on demand, as each endpoint uses them.
 //! - [`read`]: a read routed among partitioned workers ([`super::route`]: forwarded to the owner, or answered here
-//!   through the cache, or from the store when the owner did not answer), repeated for a read that waits for a run.
+//!   through the cache, or from the store when the owner did not answer), repeated for a read that waits for a run
+//!   (inside one `wait_for_run` span).
 //! - [`next_change`]: the wait for a thread's answer to change, paced by its caller ([`Pace`]): the wait for a run
 //!   and the live feed ([`super::feed`]) both wait through it.
 //! - [`respond`]: an answer's body and headers (`ETag`, 304, `X-History-Source`, `X-History-Covered-Through`,
@@ -21,6 +22,8 @@ use axum::response::{IntoResponse, Response};
 use md5::{Digest, Md5};
 use serde::Deserialize;
 use tokio::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::route::{Forward, Routed, route};
 use super::{ApiError, AppState};
@@ -288,31 +291,51 @@ pub async fn read<F: Form>(
             pending: None,
         });
     };
-    let deadline = Instant::now() + wait.wait;
-    loop {
-        let answer = once().await?;
-        if answer.facts.run_finished(&wait.run_id) {
-            return Ok(Read::Answered {
-                answer,
-                pending: None,
-            });
+    // The wait is a span of its own ([design 5](../../docs/design.md#5), "Traces"): each read it repeats is a child.
+    let span = tracing::info_span!(
+        "wait_for_run",
+        otel.kind = "internal",
+        chat_history_view.run_finished = Empty,
+        otel.status_code = Empty,
+    );
+    let waited = async {
+        let deadline = Instant::now() + wait.wait;
+        loop {
+            let answer = once().await?;
+            if answer.facts.run_finished(&wait.run_id) {
+                return Ok(Read::Answered {
+                    answer,
+                    pending: None,
+                });
+            }
+            if !cached || Instant::now() >= deadline {
+                return Ok(Read::Answered {
+                    answer,
+                    pending: Some(wait.run_id.clone()),
+                });
+            }
+            next_change(
+                &state.views,
+                thread,
+                Seen::of(&answer),
+                RUN_WAIT,
+                Instant::now(),
+                Some(deadline),
+            )
+            .await;
         }
-        if !cached || Instant::now() >= deadline {
-            return Ok(Read::Answered {
-                answer,
-                pending: Some(wait.run_id.clone()),
-            });
+    };
+    let read = waited.instrument(span.clone()).await;
+    match &read {
+        Ok(Read::Answered { pending, .. }) => {
+            span.record("chat_history_view.run_finished", pending.is_none());
         }
-        next_change(
-            &state.views,
-            thread,
-            Seen::of(&answer),
-            RUN_WAIT,
-            Instant::now(),
-            Some(deadline),
-        )
-        .await;
+        Ok(Read::Forwarded(_)) => {}
+        Err(_) => {
+            span.record("otel.status_code", "error");
+        }
     }
+    read
 }
 
 /// How a reader that follows a thread's answer paces its reads: the wait for a run ([`RUN_WAIT`]) and the live

@@ -7,6 +7,11 @@
 //! does not own its thread either is answered 421 Misdirected Request there, at no store cost, and the forwarding
 //! worker falls back as for a silent owner. So a client that sends the header itself gains nothing: to an owner it
 //! is an ordinary read, to any other worker a 421.
+//!
+//! A forward is a client span, `forward {METHOD}` ([design 5](../../docs/design.md#5), "Traces"), a child of the
+//! request's server span, and the forwarded request carries its `traceparent`, so the owner's server span is its
+//! child in the same trace. The owner's own `traceparent` on its answer is dropped: the answer's names this
+//! worker's span.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,12 +22,13 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tracing::Instrument;
 
 use super::error::chain;
 use super::metrics::ReadRoute;
 use super::{ApiError, AppState};
 use crate::partition::Partitioning;
-use crate::telemetry::RateLimit;
+use crate::telemetry::{RateLimit, trace};
 
 /// Marks a forwarded read (its value: the forwarding worker's partition).
 pub const FORWARDED_HEADER: &str = "x-history-forwarded";
@@ -34,12 +40,15 @@ const PASSED_ON: [HeaderName; 3] = [
     HeaderName::from_static("last-event-id"),
 ];
 
-/// Response headers that belong to one connection, not to the answer.
-const HOP_BY_HOP: [HeaderName; 4] = [
+/// Response headers that belong to one hop, not to the answer: the connection's, and the owner's trace context
+/// (the answer's `traceparent` names this worker's server span, when tracing is on here).
+const HOP_BY_HOP: [HeaderName; 6] = [
     header::CONNECTION,
     header::TRANSFER_ENCODING,
     header::CONTENT_LENGTH,
     HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("tracestate"),
 ];
 
 /// The other workers of a partitioned deployment. Cloning is cheap.
@@ -216,9 +225,11 @@ impl Peers {
         waited: Duration,
     ) -> Result<Response<Body>, ForwardError> {
         let timeout = self.owner_bound() + waited;
+        let target = self.target(partition, uri);
+        let span = forward_span(&method, &target);
         let exchange = async {
             let (parts, body) = self
-                .send(partition, method, uri, headers)
+                .send(&span, method, &target, headers)
                 .await?
                 .into_parts();
             let body = body
@@ -228,13 +239,16 @@ impl Peers {
                 .to_bytes();
             Ok(Response::from_parts(parts, Body::from(body)))
         };
-        tokio::time::timeout(timeout, exchange)
+        let answer = tokio::time::timeout(timeout, exchange)
+            .instrument(span.clone())
             .await
-            .map_err(|_| ForwardError::Timeout(timeout))?
+            .unwrap_or(Err(ForwardError::Timeout(timeout)));
+        record_forward(&span, &answer);
+        answer
     }
 
     /// Forwards a live feed's request to the owner of `partition` and passes its response on as it streams: only
-    /// the response's head must come within the store timeout.
+    /// the response's head must come within the store timeout (the forward's span ends with it).
     ///
     /// # Errors
     /// [`ForwardError`] when no response head came in time.
@@ -244,31 +258,41 @@ impl Peers {
         uri: &Uri,
         headers: &HeaderMap,
     ) -> Result<Response<Body>, ForwardError> {
-        let response = tokio::time::timeout(
+        let target = self.target(partition, uri);
+        let span = forward_span(&Method::GET, &target);
+        let head = tokio::time::timeout(
             self.timeout,
-            self.send(partition, Method::GET, uri, headers),
+            self.send(&span, Method::GET, &target, headers),
         )
+        .instrument(span.clone())
         .await
-        .map_err(|_| ForwardError::Timeout(self.timeout))??;
-        Ok(response.map(Body::new))
+        .unwrap_or(Err(ForwardError::Timeout(self.timeout)))
+        .map(|response| response.map(Body::new));
+        record_forward(&span, &head);
+        head
     }
 
-    /// Sends the request to the owner of `partition`; the response's hop-by-hop headers are removed.
-    async fn send(
-        &self,
-        partition: u32,
-        method: Method,
-        uri: &Uri,
-        headers: &HeaderMap,
-    ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
+    /// The URL of `uri` (path and query as the caller sent them) at the worker of `partition`.
+    fn target(&self, partition: u32, uri: &Uri) -> String {
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
-        let target = format!(
+        format!(
             "{}{path}",
             self.url.replace("{partition}", &partition.to_string())
-        );
+        )
+    }
+
+    /// Sends the request to `target`, with the `traceparent` of the forward's `span`; the response's hop-by-hop
+    /// headers are removed.
+    async fn send(
+        &self,
+        span: &tracing::Span,
+        method: Method,
+        target: &str,
+        headers: &HeaderMap,
+    ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
         let mut request = Request::builder()
             .method(method)
-            .uri(&target)
+            .uri(target)
             .header(FORWARDED_HEADER, self.partitioning.partition)
             .body(Empty::new())
             .map_err(|e| ForwardError::Url(e.to_string()))?;
@@ -277,6 +301,7 @@ impl Peers {
                 request.headers_mut().append(name.clone(), value.clone());
             }
         }
+        trace::inject(span, request.headers_mut());
         let mut response = self
             .client
             .request(request)
@@ -286,5 +311,95 @@ impl Peers {
             response.headers_mut().remove(name);
         }
         Ok(response)
+    }
+}
+
+/// The client span of a forward to `target` (`forward GET`, `forward POST`); a disabled span when tracing is off,
+/// before any parsing.
+fn forward_span(method: &Method, target: &str) -> tracing::Span {
+    if !trace::enabled() {
+        return tracing::Span::none();
+    }
+    let url = url::Url::parse(target).ok();
+    let address = url
+        .as_ref()
+        .and_then(url::Url::host_str)
+        .unwrap_or_default();
+    // Integers as i64: `tracing` hands unsigned values to the OpenTelemetry layer as text.
+    let port = url
+        .as_ref()
+        .and_then(url::Url::port_or_known_default)
+        .map(i64::from);
+    let full = url.as_ref().map_or_else(|| target.to_owned(), full_url);
+    tracing::info_span!(
+        "forward",
+        otel.name = %format!("forward {method}"),
+        otel.kind = "client",
+        http.request.method = method.as_str(),
+        server.address = address,
+        server.port = port,
+        url.full = full,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    )
+}
+
+/// `url` as `url.full` says: credentials in it (a peer URL may have them) replaced by `REDACTED`.
+fn full_url(url: &url::Url) -> String {
+    let mut url = url.clone();
+    if !url.username().is_empty() {
+        // Err: a URL that cannot have credentials has none to hide.
+        let _ = url.set_username("REDACTED");
+    }
+    if url.password().is_some() {
+        let _ = url.set_password(Some("REDACTED"));
+    }
+    url.into()
+}
+
+/// Records a forward's outcome on its span: the owner's status (an error from 400 on, as for any HTTP client), or
+/// why no answer came.
+fn record_forward<B>(span: &tracing::Span, outcome: &Result<Response<B>, ForwardError>) {
+    let error = match outcome {
+        Ok(response) => {
+            let status = response.status();
+            span.record("http.response.status_code", i64::from(status.as_u16()));
+            if status.as_u16() < 400 {
+                return;
+            }
+            status.as_str().to_owned()
+        }
+        Err(error) => error.kind().to_owned(),
+    };
+    span.record("otel.status_code", "error");
+    span.record("error.type", error);
+}
+
+impl ForwardError {
+    /// A short, closed name of the cause (a span's `error.type`).
+    fn kind(&self) -> &'static str {
+        match self {
+            ForwardError::Url(_) => "invalid_url",
+            ForwardError::Timeout(_) => "timeout",
+            ForwardError::Unreachable(_) => "unreachable",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forwards_full_url_hides_credentials_and_keeps_the_rest() {
+        let url = url::Url::parse("http://user:pw@chv-1.chv:8080/v1/threads/t/history?agent_id=a")
+            .unwrap();
+        assert_eq!(
+            full_url(&url),
+            "http://REDACTED:REDACTED@chv-1.chv:8080/v1/threads/t/history?agent_id=a"
+        );
+        let url = url::Url::parse("http://chv-1.chv:8080/v1/threads/t/history").unwrap();
+        assert_eq!(full_url(&url), "http://chv-1.chv:8080/v1/threads/t/history");
     }
 }

@@ -8,7 +8,9 @@
 //! they run again without it, and that is logged once per process and counted.
 //!
 //! The view cache reads through [`StoreReads`] (the two stages, a fill, a shadow check's rows and explain's row
-//! metadata), so its unit tests can run on an in-memory fake. Every query and ping reports its outcome to [`Coverage`] in one place ([`Store::bounded`]).
+//! metadata), so its unit tests can run on an in-memory fake. Every query and ping reports its outcome to [`Coverage`] in one place ([`Store::bounded`]);
+//! every query is counted and traced (a client span by the database semantic conventions) in one place
+//! ([`Store::query`]).
 //!
 //! One job a file: this one holds the [`Store`] handle (its clients and connection pools, the outcome of each
 //! query, the `StoreReads` it implements); [`query`] what each query sends and how its rows are read; [`bounds`] a
@@ -24,9 +26,9 @@ mod query;
 mod settings;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Bson, Document, RawDocumentBuf, doc};
@@ -104,6 +106,15 @@ impl QueryKind {
             QueryKind::Events(Hydration::Shadow) => "shadow_events",
             QueryKind::Fill => "fill",
             QueryKind::Explain => "explain",
+        }
+    }
+
+    /// The MongoDB command a query of this kind runs (a span's `db.operation.name`): stage 1 is an aggregation,
+    /// the others are finds.
+    pub fn operation(self) -> &'static str {
+        match self {
+            QueryKind::Markers(_) => "aggregate",
+            QueryKind::Events(_) | QueryKind::Fill | QueryKind::Explain => "find",
         }
     }
 
@@ -357,8 +368,23 @@ impl Store {
         result
     }
 
-    fn record_query(&self, kind: QueryKind, elapsed: Duration) {
-        self.inner.metrics.store.query(kind, elapsed);
+    /// Runs the store query `query` of `kind` until `deadline` ([`Store::bounded`]) inside its client span, and
+    /// records its outcome: the one place every query is counted (`history_view_store_queries_total` when it
+    /// answered; `history_view_store_errors_total`, in `bounded`, when it failed) and traced.
+    async fn query<T>(
+        &self,
+        kind: QueryKind,
+        deadline: Instant,
+        query: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let span = query_span(kind, &self.inner.database_name, &self.inner.collection_name);
+        let started = Instant::now();
+        let result = self.bounded(deadline, query).instrument(span.clone()).await;
+        match &result {
+            Ok(_) => self.inner.metrics.store.query(kind, started.elapsed()),
+            Err(error) => record_failure(&span, error),
+        }
+        result
     }
 
     /// Answers whether the store responds to `ping` within the timeout.
@@ -379,6 +405,32 @@ impl Store {
     }
 }
 
+/// A query's client span ([design 5](../../docs/design.md#5), "Traces"), by the database semantic conventions: a
+/// child of whatever span is current (a hydration, a fill, a shadow check, an explain's request).
+fn query_span(kind: QueryKind, database: &str, collection: &str) -> tracing::Span {
+    tracing::info_span!(
+        "query",
+        otel.name = %format!("{} {collection}", kind.operation()),
+        otel.kind = "client",
+        db.system.name = "mongodb",
+        db.namespace = database,
+        db.collection.name = collection,
+        db.operation.name = kind.operation(),
+        chat_history_view.query = kind.label(),
+        otel.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    )
+}
+
+/// Marks a failed query's span an error, of the `kind` `history_view_store_errors_total` counts it under. A
+/// thread over the per-thread limit is no failure: the store answered, the read stopped.
+fn record_failure(span: &tracing::Span, error: &StoreError) {
+    if let Some(kind) = error.kind() {
+        span.record("otel.status_code", "error");
+        span.record("error.type", kind);
+    }
+}
+
 impl StoreReads for Store {
     async fn visible_displays(
         &self,
@@ -386,19 +438,16 @@ impl StoreReads for Store {
         hydration: Hydration,
         bounds: Bounds,
     ) -> Result<VisibleDisplays, StoreError> {
-        let started = Instant::now();
-        let displays = self
-            .bounded(
-                bounds.deadline,
-                self.inner
-                    .thread_hint
-                    .with_fallback(&self.inner.metrics.store, |hint| {
-                        self.find_displays(thread_id, hydration, hint, bounds)
-                    }),
-            )
-            .await?;
-        self.record_query(QueryKind::Markers(hydration), started.elapsed());
-        Ok(displays)
+        self.query(
+            QueryKind::Markers(hydration),
+            bounds.deadline,
+            self.inner
+                .thread_hint
+                .with_fallback(&self.inner.metrics.store, |hint| {
+                    self.find_displays(thread_id, hydration, hint, bounds)
+                }),
+        )
+        .await
     }
 
     async fn display_events(
@@ -458,20 +507,16 @@ impl StoreReads for Store {
         thread_id: &str,
         bounds: Bounds,
     ) -> Result<Vec<RowMeta>, StoreError> {
-        let started = Instant::now();
-        let rows = self
-            .bounded(bounds.deadline, async {
-                let clients = self.clients().await?;
-                self.inner
-                    .thread_hint
-                    .with_fallback(&self.inner.metrics.store, |hint| {
-                        find_row_metadata(&clients.collection, thread_id, hint, bounds)
-                    })
-                    .await
-            })
-            .await?;
-        self.record_query(QueryKind::Explain, started.elapsed());
-        Ok(rows)
+        self.query(QueryKind::Explain, bounds.deadline, async {
+            let clients = self.clients().await?;
+            self.inner
+                .thread_hint
+                .with_fallback(&self.inner.metrics.store, |hint| {
+                    find_row_metadata(&clients.collection, thread_id, hint, bounds)
+                })
+                .await
+        })
+        .await
     }
 }
 
@@ -523,19 +568,78 @@ impl Store {
         } else {
             &self.inner.thread_hint
         };
-        let started = Instant::now();
-        let events = self
-            .bounded(bounds.deadline, async {
-                let clients = self.clients().await?;
-                let collection = clients.for_query(shadow, fill);
-                hint.with_fallback(&self.inner.metrics.store, |hint| {
-                    let sort = (!fill).then(events_sort);
-                    self.find_events(collection, filter.clone(), sort, hint, bounds, keep)
-                })
-                .await
+        self.query(kind, bounds.deadline, async {
+            let clients = self.clients().await?;
+            let collection = clients.for_query(shadow, fill);
+            hint.with_fallback(&self.inner.metrics.store, |hint| {
+                let sort = (!fill).then(events_sort);
+                self.find_events(collection, filter.clone(), sort, hint, bounds, keep)
             })
-            .await?;
-        self.record_query(kind, started.elapsed());
-        Ok(events)
+            .await
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use opentelemetry::trace::{SpanKind, Status};
+
+    use super::*;
+    use crate::telemetry::testing::{attribute, record};
+
+    #[test]
+    fn a_query_span_follows_the_database_conventions_and_a_failure_names_its_kind() {
+        let spans = record();
+        for (kind, error) in [
+            (QueryKind::Markers(Hydration::OnRead), None),
+            (
+                QueryKind::Fill,
+                Some(StoreError::Timeout(Duration::from_secs(1))),
+            ),
+            (QueryKind::Explain, Some(StoreError::TooLarge { limit: 1 })),
+        ] {
+            let span = query_span(kind, "aihub", "agent_events");
+            span.in_scope(|| {});
+            if let Some(error) = error {
+                record_failure(&span, &error);
+            }
+        }
+        let text = |span: &opentelemetry_sdk::trace::SpanData, key: &str| {
+            attribute(span, key).map(|v| v.to_string())
+        };
+        let markers = spans.one("aggregate agent_events");
+        assert_eq!(markers.span_kind, SpanKind::Client);
+        for (key, value) in [
+            ("db.system.name", "mongodb"),
+            ("db.namespace", "aihub"),
+            ("db.collection.name", "agent_events"),
+            ("db.operation.name", "aggregate"),
+            ("chat_history_view.query", "hydration_markers"),
+        ] {
+            assert_eq!(text(&markers, key).as_deref(), Some(value), "{key}");
+        }
+        assert_eq!(markers.status, Status::Unset);
+        let finds = spans.named("find agent_events");
+        let fill = &finds[0];
+        assert_eq!(
+            text(fill, "chat_history_view.query").as_deref(),
+            Some("fill")
+        );
+        assert!(matches!(fill.status, Status::Error { .. }));
+        assert_eq!(text(fill, "error.type").as_deref(), Some("timeout"));
+        let explain = &finds[1];
+        assert_eq!(
+            text(explain, "chat_history_view.query").as_deref(),
+            Some("explain")
+        );
+        assert_eq!(
+            explain.status,
+            Status::Unset,
+            "a thread over the limit is no failure"
+        );
+        assert_eq!(text(explain, "error.type"), None);
     }
 }

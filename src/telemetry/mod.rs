@@ -6,6 +6,8 @@
 //! every failed attempt (every few seconds, without end) at ERROR. The client is never given credentials in an
 //! address, so its own lines, when asked for, hold none.
 
+#[cfg(test)]
+pub mod testing;
 pub mod trace;
 
 use std::io::IsTerminal;
