@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use async_nats::Message;
+use async_nats::{HeaderMap, Message};
 use prometheus::{Histogram, IntCounter};
 
 use crate::cache::ViewCache;
@@ -63,11 +63,12 @@ impl Ingest {
 
     /// One message: subject → delivery key → family filter and decode → its thread's view.
     pub async fn handle(&self, message: Message) {
-        self.handle_event(&message.subject, &message.payload).await;
+        self.handle_event(&message.subject, &message.payload, message.headers.as_ref())
+            .await;
     }
 
-    /// One event by its display-event subject and payload.
-    pub async fn handle_event(&self, subject: &str, payload: &[u8]) {
+    /// One event by its display-event subject, payload and headers (not read yet).
+    pub async fn handle_event(&self, subject: &str, payload: &[u8], _headers: Option<&HeaderMap>) {
         if let Some(outcome) = self.apply(subject, payload).await {
             self.metrics.ingest.event(outcome);
         }
@@ -118,8 +119,8 @@ impl Ingest {
 }
 
 impl Sink for Ingest {
-    async fn apply(&self, subject: &str, payload: &[u8]) {
-        self.handle_event(subject, payload).await;
+    async fn apply(&self, subject: &str, payload: &[u8], headers: Option<&HeaderMap>) {
+        self.handle_event(subject, payload, headers).await;
     }
 }
 
