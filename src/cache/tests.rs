@@ -395,7 +395,7 @@ impl Scene {
         self.store.persist(&chunk("d2", "c2", 3, "answer-two"));
         let marker = user("d2", "u2", 4);
         self.store.persist(&marker);
-        self.views.apply(marker).await;
+        self.views.apply(marker, None).await;
     }
 }
 
@@ -584,7 +584,7 @@ async fn a_thread_past_the_limit_answers_too_large_from_the_store_and_from_a_liv
     scene.complete_thread().await;
     let big = chunk("d1", "big", 3, &"x".repeat(limit));
     scene.store.persist(&big);
-    scene.views.apply(big).await;
+    scene.views.apply(big, None).await;
     assert!(matches!(
         scene.read().await,
         Err(ReadError::TooLarge { limit: l }) if l == limit
@@ -604,7 +604,7 @@ async fn a_view_taken_past_the_limit_by_its_holder_is_not_answered_from_memory()
     let entry = scene.views.entry(THREAD).await;
     let held = entry.lock_view(&scene.views.metrics);
     // The view is held: the event waits beside it, and the live path's check sees the view as it was.
-    assert!(scene.views.apply(big).await.is_none());
+    assert!(scene.views.apply(big, None).await.is_none());
     // Letting go applies it.
     drop(held);
     assert!(matches!(
@@ -1087,7 +1087,7 @@ async fn the_hot_set_is_the_most_recently_read_newest_first() {
     }
     scene.views.read::<HistoryBody>("b", None).await.unwrap();
     // A thread only written to live is no read.
-    scene.views.apply(user("d9", "u9", 1)).await;
+    scene.views.apply(user("d9", "u9", 1), None).await;
     assert_eq!(scene.views.hot_set(10), ["b", "d", "c", "a"]);
     assert_eq!(scene.views.hot_set(2), ["b", "d"]);
     assert!(scene.views.hot_set(0).is_empty());
