@@ -5,14 +5,21 @@
 //! disagree with the history. The store's side ([`RowMeta`]) is the thread's rows without their payloads, because
 //! the view never holds what it drops: events of other families (dropped by the decoder) and repeated deliveries
 //! (dropped on insert). Pure: no I/O.
+//!
+//! An event of the view whose message carried a publisher's trace context while tracing was on also shows the
+//! publisher's trace id (`publisher_trace_id`), kept beside it by the view ([`crate::view::PublisherContext`]);
+//! a stored row has none, as nothing is persisted.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::decode::Body;
+use opentelemetry::trace::TraceId;
+
+use crate::decode::{Body, ViewEvent};
 use crate::project::{Fate, Projection, Role, Rule, StopFate, Trace};
 use crate::subject::{DeliveryKey, KEY_FIELDS};
+use crate::view::{PublisherContext, ThreadView};
 
 /// One stored row as `explain` reads it: its delivery key, `created_at` and what the decoder's family filter made
 /// of it, from a projection without payloads.
@@ -43,6 +50,8 @@ struct ViewFate {
     marker: bool,
     /// Formats of audio blocks dropped as unsupported (the event's other parts counted).
     unsupported_audio: Vec<Box<str>>,
+    /// The trace id of the publisher's context its message carried, if the view kept a valid one.
+    publisher_trace_id: Option<TraceId>,
 }
 
 /// The view's side of an explanation: each event's fate as the projector recorded it, and the messages' ids.
@@ -53,11 +62,21 @@ pub struct ViewFates {
 }
 
 impl ViewFates {
-    /// From a traced projection.
-    pub fn new(projection: &Projection, trace: &Trace<'_>) -> Self {
+    /// From a traced projection of `view`.
+    pub fn new(view: &ThreadView, projection: &Projection, trace: &Trace<'_>) -> Self {
+        // The trace names the view's own events, so an event is found by its address (a key can be held twice,
+        // once valid and once failing validation, each with its own context). Built only when there are any.
+        let publishers: HashMap<*const ViewEvent, &PublisherContext> = view
+            .publishers()
+            .map(|(event, publisher)| (std::ptr::from_ref(event), publisher))
+            .collect();
         let events = trace
             .iter()
             .map(|&(event, fate)| ViewFate {
+                publisher_trace_id: publishers
+                    .get(&std::ptr::from_ref(event))
+                    .and_then(|publisher| publisher.span_context())
+                    .map(|context| context.trace_id()),
                 key: event.key.clone(),
                 created_at: event.created_at.ok(),
                 fate,
@@ -153,6 +172,10 @@ pub struct EventJson<'a> {
     /// For a repeated delivery: the event whose first delivery counted instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duplicate_of: Option<usize>,
+    /// The trace id (32 lowercase hex digits) of the publisher's span, for an event of the view whose message
+    /// carried a valid `traceparent` while tracing was on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publisher_trace_id: Option<String>,
 }
 
 /// The fates `explain` names, in the order `counts` lists them.
@@ -282,6 +305,7 @@ pub fn explain<'a>(
             field: None,
             unsupported_audio: Vec::new(),
             duplicate_of: None,
+            publisher_trace_id: None,
         };
         if entry.repeated {
             json.duplicate_of = first.get(entry.key).copied();
@@ -292,6 +316,7 @@ pub fn explain<'a>(
             };
         } else if let Some(event) = entry.view {
             json.unsupported_audio = event.unsupported_audio.iter().map(|f| &**f).collect();
+            json.publisher_trace_id = event.publisher_trace_id.map(|id| id.to_string());
             describe(&mut json, event.fate);
         } else if !shown {
             json.fate = "display_not_visible";
@@ -427,7 +452,7 @@ mod tests {
             agent_id: "id".into(),
         };
         let (projection, trace) = view.project_traced(Some(&primary));
-        let fates = ViewFates::new(&projection, &trace);
+        let fates = ViewFates::new(&view, &projection, &trace);
         let rows = [
             row(marker, 1, true, true),
             row(hel.clone(), 2, true, false),
@@ -486,5 +511,73 @@ mod tests {
         for payload in ["Hel", "Hello", "secret", "\"Q\""] {
             assert!(!text.contains(payload), "{payload} in {text}");
         }
+    }
+
+    #[test]
+    fn an_event_whose_message_carried_a_context_lists_its_publishers_trace_id_and_no_other_does() {
+        let context = |trace: u128| {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(
+                "traceparent",
+                format!("00-{trace:032x}-00f067aa0ba902b7-01").as_str(),
+            );
+            PublisherContext::from_headers(&headers).expect("a traceparent")
+        };
+        let marker = key("UserAgent", "d1", "UserMessageEvent", "e1");
+        let traced = key("A", "d1", "ChunkEvent", "e2");
+        let plain = key("A", "d1", "ChunkEvent", "e3");
+        let bad = key("A", "d1", "ChunkEvent", "e4");
+        let stored_only = key("A", "d1", "ChunkEvent", "e5");
+        let chunk = |at: serde_json::Value| json!({"_parent_event_names": ["ChunkEvent"], "created_at": at, "content": "x"});
+        let mut view = ThreadView::new();
+        view.insert_live(
+            event(
+                marker.clone(),
+                json!({"_parent_event_names": ["UserMessageEvent"], "created_at": 1,
+                    "messages": [{"role": "user", "blocks": [{"block_type": "text", "text": "Q"}]}]}),
+            ),
+            None,
+        );
+        view.insert_live(event(traced.clone(), chunk(json!(2))), Some(context(0xab)));
+        view.insert_live(event(plain, chunk(json!(3))), None);
+        // A repeat with a context of its own: the first delivery (and its context) stays.
+        view.insert_live(event(traced.clone(), chunk(json!(2))), Some(context(0xcd)));
+        view.insert_live(event(bad, chunk(json!("late"))), Some(context(0xef)));
+        view.sort_order();
+        let (projection, trace) = view.project_traced(None);
+        let fates = ViewFates::new(&view, &projection, &trace);
+        let rows = [
+            row(marker, 1, true, true),
+            row(traced.clone(), 2, true, false),
+            row(traced, 2, true, false),
+            row(stored_only, 6, true, false),
+        ];
+        let explanation = serde_json::to_value(explain("t", &fates, &rows)).unwrap();
+        let listed: Vec<(&str, Option<&str>)> = explanation["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["event_id"].as_str().unwrap(),
+                    e.get("publisher_trace_id").map(|t| t.as_str().unwrap()),
+                )
+            })
+            .collect();
+        let ab = format!("{:032x}", 0xab);
+        let ef = format!("{:032x}", 0xef);
+        assert_eq!(
+            listed,
+            [
+                ("e1", None),
+                ("e2", Some(ab.as_str())),
+                // The stored repeat of e2 is a row, not the event: nothing is persisted with it.
+                ("e2", None),
+                ("e3", None),
+                ("e5", None),
+                // Without an integer created_at: last.
+                ("e4", Some(ef.as_str())),
+            ]
+        );
     }
 }

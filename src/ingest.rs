@@ -6,11 +6,19 @@
 //! a read is rendering waits beside the view instead of blocking the loop ([`ViewCache::apply`]).
 //!
 //! What became of each message and how late it came are this path's metrics ([`IngestMetrics`], at the end).
+//!
+//! Traces ([design 5](../docs/design.md#5)): never a span per event. While tracing is off an event costs one check
+//! more, no header is read and nothing is kept. While it is on, the publisher's context a decoded event's message
+//! carries (`traceparent`) is kept beside the event in its view, unread ([`PublisherContext`]: reading it costs
+//! more than the path's budget), and the events [`trace::sample_ingest`] chooses, before any span exists, are
+//! applied inside a short root `process` span linked (never parented) to that context.
 
 use std::sync::Arc;
 
-use async_nats::Message;
+use async_nats::{HeaderMap, Message};
 use prometheus::{Histogram, IntCounter};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::cache::ViewCache;
 use crate::coverage::Coverage;
@@ -20,8 +28,8 @@ use crate::metrics::{Metrics, Registrar};
 use crate::readiness::Readiness;
 use crate::source::Sink;
 use crate::subject::DeliveryKey;
-use crate::telemetry::RateLimit;
-use crate::view::Inserted;
+use crate::telemetry::{RateLimit, trace};
+use crate::view::{Inserted, PublisherContext};
 
 /// Applies live display events to the views.
 #[derive(Clone)]
@@ -63,18 +71,57 @@ impl Ingest {
 
     /// One message: subject → delivery key → family filter and decode → its thread's view.
     pub async fn handle(&self, message: Message) {
-        self.handle_event(&message.subject, &message.payload).await;
+        self.handle_event(&message.subject, &message.payload, message.headers.as_ref())
+            .await;
     }
 
-    /// One event by its display-event subject and payload.
-    pub async fn handle_event(&self, subject: &str, payload: &[u8]) {
-        if let Some(outcome) = self.apply(subject, payload).await {
+    /// One event by its display-event subject, payload and headers.
+    pub async fn handle_event(&self, subject: &str, payload: &[u8], headers: Option<&HeaderMap>) {
+        let outcome = if !trace::enabled() {
+            // Tracing off: no header is read and nothing is kept.
+            self.apply(subject, payload, || None).await
+        } else if trace::sample_ingest() {
+            let publisher = headers.and_then(trace::publisher_context);
+            let span = tracing::info_span!(
+                parent: None,
+                trace::INGEST_SPAN,
+                otel.kind = "consumer",
+                messaging.system = "nats",
+                "messaging.operation.type" = "process",
+                messaging.operation.name = "process",
+                messaging.destination.name = subject,
+            );
+            // Before the span is entered (and so started): the sampler and the exporter see the link.
+            if let Some(publisher) = &publisher {
+                span.add_link(publisher.clone());
+            }
+            // Kept as every event's is (valid: the propagator has just read it).
+            let kept = publisher
+                .as_ref()
+                .and_then(|_| headers.and_then(PublisherContext::from_headers));
+            self.apply(subject, payload, move || kept)
+                .instrument(span)
+                .await
+        } else {
+            self.apply(subject, payload, || {
+                headers.and_then(PublisherContext::from_headers)
+            })
+            .await
+        };
+        if let Some(outcome) = outcome {
             self.metrics.ingest.event(outcome);
         }
     }
 
-    /// The message's outcome, or `None` when its view counts it (it waits for the view's holder).
-    async fn apply(&self, subject: &str, payload: &[u8]) -> Option<EventOutcome> {
+    /// The message's outcome, or `None` when its view counts it (it waits for the view's holder). `publisher`
+    /// gives the context to keep beside the event: asked only once the event is decoded, so no header is read for
+    /// a message that is dropped.
+    async fn apply(
+        &self,
+        subject: &str,
+        payload: &[u8],
+        publisher: impl FnOnce() -> Option<PublisherContext>,
+    ) -> Option<EventOutcome> {
         let key = match DeliveryKey::parse_subject(subject) {
             Ok(key) => key,
             Err(error) => {
@@ -106,7 +153,7 @@ impl Ingest {
                 if let Ok(created_at) = event.created_at {
                     self.metrics.ingest.lag(created_at);
                 }
-                match self.views.apply(event).await {
+                match self.views.apply(event, publisher()).await {
                     Some(Inserted::Added) => EventOutcome::Relevant,
                     Some(Inserted::Duplicate) => EventOutcome::Duplicate,
                     // Counted by the view's holder when it applies the event.
@@ -118,8 +165,8 @@ impl Ingest {
 }
 
 impl Sink for Ingest {
-    async fn apply(&self, subject: &str, payload: &[u8]) {
-        self.handle_event(subject, payload).await;
+    async fn apply(&self, subject: &str, payload: &[u8], headers: Option<&HeaderMap>) {
+        self.handle_event(subject, payload, headers).await;
     }
 }
 

@@ -3,17 +3,25 @@
 //!
 //! A view keeps the events of all displays, hidden ones included: a hidden display becomes visible when a
 //! `UserAgent` HITL answer lands on it later, and its earlier events must then appear.
+//!
+//! While tracing is on, a view also keeps the publisher's trace context of each live event whose message carried
+//! one ([`PublisherContext`]), beside the events rather than in them: explain shows its trace id, and the spans of
+//! hydrations and fills link to it ([design 3.3](../docs/design.md#3.3)). Store rows carry none (nothing is
+//! persisted), so a view never built from live events with a context holds no table at all.
 
 use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::LazyLock;
 
 use hashbrown::HashTable;
+use opentelemetry::propagation::Extractor;
+use opentelemetry::trace::SpanContext;
 
 use crate::coverage::Epoch;
 use crate::decode::ViewEvent;
 use crate::project::{self, Identity, Projection, Trace};
 use crate::subject::DeliveryKey;
+use crate::telemetry::trace::{NatsHeaders, publisher_context};
 
 /// Whether a view can answer a read on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +48,71 @@ const VIEW_OVERHEAD_BYTES: usize = 256;
 const BOOKKEEPING_BYTES: usize = 20;
 /// Marks a slot of [`ThreadView::index`] as a position in `rejected` rather than in `events`.
 const REJECTED: u32 = 1 << 31;
+/// One row of [`ThreadView::publishers`]: an event's slot and its publisher's context (60 bytes with padding).
+const PUBLISHER_ROW_BYTES: usize = std::mem::size_of::<(u32, PublisherContext)>();
+/// A version-00 `traceparent`'s length: `00-<32 hex>-<16 hex>-<2 hex>`.
+const TRACEPARENT_LEN: usize = 55;
+/// The W3C header a publisher's context comes in.
+const TRACEPARENT: &str = "traceparent";
+
+/// The publisher's context a live event's message carried: its `traceparent` as received, kept while tracing is
+/// on, and read by the SDK's W3C propagator ([`crate::telemetry::trace::publisher_context`]) only when explain or a
+/// link needs it. Reading it costs about 200 ns (the propagator splits and checks the text and builds a context),
+/// 4% of the worker's CPU per event by itself, beyond the ingest path's budget for tracing (3%); finding and copying
+/// it costs about 25 ns. So the 55 bytes are kept rather than the 25 they hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PublisherContext([u8; TRACEPARENT_LEN]);
+
+impl std::fmt::Debug for PublisherContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PublisherContext")
+            .field(&String::from_utf8_lossy(&self.0))
+            .finish()
+    }
+}
+
+impl PublisherContext {
+    /// The `traceparent` a message's headers carry (the name in any case), unread. One of another length (a
+    /// later version of the format) is read now, and kept in version 00's form if valid.
+    pub fn from_headers(headers: &async_nats::HeaderMap) -> Option<Self> {
+        let headers_read = NatsHeaders(headers);
+        let value = headers_read.get(TRACEPARENT)?;
+        match <[u8; TRACEPARENT_LEN]>::try_from(value.as_bytes()) {
+            Ok(raw) => Some(Self(raw)),
+            Err(_) => publisher_context(headers).map(|context| Self::from(&context)),
+        }
+    }
+
+    /// The publisher's span context, if the `traceparent` is valid: for a link.
+    pub fn span_context(&self) -> Option<SpanContext> {
+        // Only the propagator reads it; kept as received, the bytes are the header's text (UTF-8).
+        let value = std::str::from_utf8(&self.0).ok()?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(TRACEPARENT, value);
+        publisher_context(&headers)
+    }
+
+    /// The publisher's trace id as W3C writes it (32 lowercase hex digits), if the `traceparent` is valid.
+    pub fn trace_id(&self) -> Option<String> {
+        self.span_context()
+            .map(|context| context.trace_id().to_string())
+    }
+}
+
+impl From<&SpanContext> for PublisherContext {
+    /// A context in version 00's form.
+    fn from(context: &SpanContext) -> Self {
+        let text = format!(
+            "00-{}-{}-{:02x}",
+            context.trace_id(),
+            context.span_id(),
+            context.trace_flags().to_u8()
+        );
+        let mut raw = [0; TRACEPARENT_LEN];
+        raw.copy_from_slice(text.as_bytes());
+        Self(raw)
+    }
+}
 
 /// The key hasher: keyed per process, so that colliding delivery keys cannot be prepared in advance.
 static KEY_HASHER: LazyLock<foldhash::quality::RandomState> =
@@ -66,6 +139,10 @@ pub struct ThreadView {
     /// and 32 bits of its key's hash in the high ones ([`indexed`]): duplicate checks compare keys exactly, in O(1),
     /// and the table grows without hashing a key again.
     index: HashTable<u64>,
+    /// The publisher contexts of the live events whose message carried one while tracing was on, by slot (as in
+    /// `index`; slots never change), in arrival order. Empty, and unallocated, until the first such event: always
+    /// while tracing is off, and for store rows. Charged to `bytes` by capacity.
+    publishers: Vec<(u32, PublisherContext)>,
     /// Approximate heap and inline bytes held, for the cache's byte budget.
     bytes: usize,
     /// The coverage epoch the view became complete at; `None` while partial. A later gap, or a removal in the
@@ -96,6 +173,7 @@ impl Default for ThreadView {
             sorted: 0,
             rejected: Vec::new(),
             index: HashTable::new(),
+            publishers: Vec::new(),
             bytes: VIEW_OVERHEAD_BYTES,
             complete_at: None,
             covered: HashSet::new(),
@@ -204,16 +282,57 @@ impl ThreadView {
         self.version += 1;
     }
 
-    /// Inserts every event of `other` (dedup makes overlap harmless).
-    pub fn merge(&mut self, other: ThreadView) {
-        for event in other.events.into_iter().chain(other.rejected) {
-            self.insert(event);
+    /// Inserts every event of `other` (dedup makes overlap harmless), with their publisher contexts: a live event
+    /// already held as a store row (which has none) gives the row its context, since it is the same event. The
+    /// view must hold no context of its own yet (a hydration's store rows), so no slot gets two.
+    fn merge(&mut self, other: ThreadView) {
+        let mut publishers = other.publishers;
+        // Slot order is the order the events are taken below: `events` by position, then `rejected` (tagged).
+        publishers.sort_unstable_by_key(|&(slot, _)| slot);
+        let mut publishers = publishers.into_iter().peekable();
+        let valid = other.events.into_iter().zip(0u32..);
+        let rejected = other
+            .rejected
+            .into_iter()
+            .zip((0u32..).map(|at| at | REJECTED));
+        for (event, old) in valid.chain(rejected) {
+            let (_, slot) = self.insert_slot(event);
+            if let Some((_, publisher)) = publishers.next_if(|&(at, _)| at == old) {
+                self.attach(slot, publisher);
+            }
         }
     }
 
     /// Inserts one event in projection order. An event whose delivery key the view already holds (among events of
     /// the same validity) is a duplicate and is dropped: the first delivery wins, as in aihub's dedup.
     pub fn insert(&mut self, event: ViewEvent) -> Inserted {
+        self.insert_slot(event).0
+    }
+
+    /// [`ThreadView::insert`] of a live event with its publisher's context, kept if the event is added (a duplicate
+    /// keeps the first delivery's, or none).
+    pub fn insert_live(
+        &mut self,
+        event: ViewEvent,
+        publisher: Option<PublisherContext>,
+    ) -> Inserted {
+        let (inserted, slot) = self.insert_slot(event);
+        if let (Inserted::Added, Some(publisher)) = (inserted, publisher) {
+            self.attach(slot, publisher);
+        }
+        inserted
+    }
+
+    /// Keeps `publisher` as the context of the event at `slot`, charging the table's growth.
+    fn attach(&mut self, slot: u32, publisher: PublisherContext) {
+        let capacity = self.publishers.capacity();
+        self.publishers.push((slot, publisher));
+        self.bytes += (self.publishers.capacity() - capacity) * PUBLISHER_ROW_BYTES;
+    }
+
+    /// Inserts one event; returns what the insert did and the slot of the event held under its key (the new one,
+    /// or the one it duplicates).
+    fn insert_slot(&mut self, event: ViewEvent) -> (Inserted, u32) {
         if self.hydrated
             && event.is_marker()
             && !self.covered.contains(event.key.display_id())
@@ -233,8 +352,8 @@ impl ThreadView {
                 && (slot & REJECTED == 0) == valid.is_some()
                 && *slot_key(events, rejected, slot) == event.key
         };
-        if self.index.find(table_hash(hash), held).is_some() {
-            return Inserted::Duplicate;
+        if let Some(&entry) = self.index.find(table_hash(hash), held) {
+            return (Inserted::Duplicate, entry as u32);
         }
         self.bytes += event_bytes(&event);
         let slot = match valid {
@@ -263,7 +382,49 @@ impl ThreadView {
                 table_hash((entry >> 32) as u32)
             });
         self.version += 1;
-        Inserted::Added
+        (Inserted::Added, slot)
+    }
+
+    /// The event a slot names.
+    fn at_slot(&self, slot: u32) -> &ViewEvent {
+        if slot & REJECTED == 0 {
+            &self.events[slot as usize]
+        } else {
+            &self.rejected[(slot & !REJECTED) as usize]
+        }
+    }
+
+    /// Every event held with a publisher context, and that context, in the order the contexts arrived.
+    pub fn publishers(&self) -> impl DoubleEndedIterator<Item = (&ViewEvent, &PublisherContext)> {
+        self.publishers
+            .iter()
+            .map(|(slot, publisher)| (self.at_slot(*slot), publisher))
+    }
+
+    /// The publisher contexts of the events held (only live events have any), the latest first, at most `limit`,
+    /// unread (copied out, so that the caller reads them after letting go of the view): what the span of a
+    /// hydration that merged them links to.
+    pub fn recent_publishers(&self, limit: usize) -> Vec<PublisherContext> {
+        self.publishers
+            .iter()
+            .rev()
+            .take(limit)
+            .map(|(_, publisher)| *publisher)
+            .collect()
+    }
+
+    /// [`ThreadView::recent_publishers`] of the events on `displays` only: what a fill of those displays saw.
+    pub fn recent_publishers_on(
+        &self,
+        displays: &[Box<str>],
+        limit: usize,
+    ) -> Vec<PublisherContext> {
+        self.publishers()
+            .rev()
+            .filter(|(event, _)| displays.iter().any(|d| **d == *event.key.display_id()))
+            .take(limit)
+            .map(|(_, publisher)| *publisher)
+            .collect()
     }
 
     /// Projects the view for a read (see [`project::project_view`]), first sorting in the events that arrived out
@@ -555,6 +716,200 @@ mod tests {
             view.insert(chunk(id, json!(at), id));
         }
         assert_eq!(projection_order(&mut view), ["e", "a", "b", "c", "d"]);
+    }
+
+    /// A message's headers carrying `traceparent` (under `name`) with `value`.
+    fn headers(name: &str, value: &str) -> async_nats::HeaderMap {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(name, value);
+        headers
+    }
+
+    /// The context a message with trace and span ids of `n` repeated carries, as kept.
+    fn publisher(n: u8) -> PublisherContext {
+        let value = format!(
+            "00-{}-{}-01",
+            format!("{n:02x}").repeat(16),
+            format!("{n:02x}").repeat(8)
+        );
+        PublisherContext::from_headers(&headers("traceparent", &value)).expect("a traceparent")
+    }
+
+    #[test]
+    fn a_traceparent_is_kept_as_received_and_read_by_the_propagator_only_when_asked() {
+        let aihub = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-03";
+        for name in ["traceparent", "Traceparent", "TRACEPARENT"] {
+            let kept = PublisherContext::from_headers(&headers(name, aihub)).expect(name);
+            assert_eq!(kept.0, aihub.as_bytes());
+            let context = kept.span_context().expect("valid");
+            assert_eq!(
+                kept.trace_id().as_deref(),
+                Some("0af7651916cd43dd8448eb211c80319c")
+            );
+            assert_eq!(
+                context.span_id(),
+                opentelemetry::trace::SpanId::from_hex("b7ad6b7169203331").unwrap()
+            );
+            assert!(context.is_sampled() && context.is_remote());
+        }
+        // Kept unread, then refused by the propagator: no trace id, no link.
+        let invalid = "00-00000000000000000000000000000000-b7ad6b7169203331-01";
+        let kept = PublisherContext::from_headers(&headers("traceparent", invalid)).expect("kept");
+        assert_eq!((kept.span_context(), kept.trace_id()), (None, None));
+        let upper = "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01";
+        let kept = PublisherContext::from_headers(&headers("traceparent", upper)).expect("kept");
+        assert_eq!(kept.trace_id(), None);
+        // Another length is read at once: a later version's extra fields are dropped, a bad value is not kept.
+        let later = "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra";
+        let kept = PublisherContext::from_headers(&headers("traceparent", later)).expect("valid");
+        assert_eq!(
+            kept.trace_id().as_deref(),
+            Some("0af7651916cd43dd8448eb211c80319c")
+        );
+        assert_eq!(
+            PublisherContext::from_headers(&headers("traceparent", "not a traceparent")),
+            None
+        );
+        assert_eq!(
+            PublisherContext::from_headers(&headers("tracestate", "a=b")),
+            None
+        );
+    }
+
+    /// Each held event's id with its publisher's trace id.
+    fn publishers_of(view: &ThreadView) -> Vec<(String, String)> {
+        let mut held: Vec<_> = view
+            .publishers()
+            .map(|(event, p)| (event.key.event_id().to_owned(), p.trace_id().unwrap()))
+            .collect();
+        held.sort();
+        held
+    }
+
+    #[test]
+    fn a_live_events_publisher_context_is_kept_and_a_duplicate_keeps_the_first_deliverys() {
+        let mut view = ThreadView::new();
+        assert_eq!(
+            view.insert_live(chunk("a", json!(1), "A"), Some(publisher(1))),
+            Inserted::Added
+        );
+        assert_eq!(
+            view.insert_live(chunk("a", json!(1), "A"), Some(publisher(2))),
+            Inserted::Duplicate
+        );
+        // A first delivery without a context keeps none, whatever a repeat carries.
+        view.insert_live(chunk("b", json!(2), "B"), None);
+        view.insert_live(chunk("b", json!(2), "B"), Some(publisher(3)));
+        // One failing validation is kept too (explain lists it).
+        view.insert_live(chunk("x", json!("bad"), "X"), Some(publisher(4)));
+        assert_eq!(
+            publishers_of(&view),
+            [
+                ("a".to_owned(), "01".repeat(16)),
+                ("x".to_owned(), "04".repeat(16))
+            ]
+        );
+    }
+
+    #[test]
+    fn without_contexts_a_view_allocates_no_table_and_weighs_the_same() {
+        let mut plain = ThreadView::new();
+        let mut live = ThreadView::new();
+        for (id, at) in [("a", 1), ("b", 2), ("c", 3)] {
+            plain.insert(chunk(id, json!(at), id));
+            live.insert_live(chunk(id, json!(at), id), None);
+        }
+        assert_eq!(live.publishers.capacity(), 0);
+        assert_eq!(live.bytes(), plain.bytes());
+        let hydrated = ThreadView::hydrated([chunk("d", json!(4), "d")], ["d".to_owned()], live);
+        assert_eq!(hydrated.publishers.capacity(), 0);
+    }
+
+    #[test]
+    fn the_contexts_are_charged_to_the_views_bytes_as_the_table_grows() {
+        let mut plain = ThreadView::new();
+        let mut traced = ThreadView::new();
+        for i in 0..100 {
+            let id = format!("e{i}");
+            plain.insert(chunk(&id, json!(i), "x"));
+            traced.insert_live(chunk(&id, json!(i), "x"), Some(publisher(1)));
+        }
+        let table = traced.publishers.capacity() * PUBLISHER_ROW_BYTES;
+        assert!(table >= 100 * PUBLISHER_ROW_BYTES);
+        assert_eq!(traced.bytes(), plain.bytes() + table);
+    }
+
+    #[test]
+    fn the_live_events_contexts_survive_a_hydration_and_a_fill() {
+        let live = |traced: bool| {
+            let context = |n| traced.then(|| publisher(n));
+            let mut live = ThreadView::new();
+            // `a` is also a store row (which carries none): the row gets the live delivery's context.
+            live.insert_live(chunk("a", json!(1), "A"), context(1));
+            live.insert_live(chunk("b", json!(2), "B"), None);
+            live.insert_live(chunk("c", json!(3), "C"), context(3));
+            live.insert_live(chunk("x", json!("bad"), "X"), context(4));
+            live
+        };
+        let hydrate = |live| {
+            ThreadView::hydrated(
+                [chunk("s", json!(0), "S"), chunk("a", json!(1), "A")],
+                ["d".to_owned()],
+                live,
+            )
+        };
+        let mut view = hydrate(live(true));
+        let expected = [
+            ("a".to_owned(), "01".repeat(16)),
+            ("c".to_owned(), "03".repeat(16)),
+            ("x".to_owned(), "04".repeat(16)),
+        ];
+        assert_eq!(publishers_of(&view), expected);
+        let plain = hydrate(live(false));
+        assert_eq!(
+            view.bytes(),
+            plain.bytes() + view.publishers.capacity() * PUBLISHER_ROW_BYTES,
+            "the rebuilt table is charged"
+        );
+        // A fill adds store rows after the events held: every slot stays, and so does every context.
+        view.fill(&["other".into()], [chunk("f", json!(0), "F")]);
+        assert_eq!(publishers_of(&view), expected);
+        assert_eq!(projection_order(&mut view), ["f", "s", "a", "b", "c"]);
+    }
+
+    #[test]
+    fn the_links_are_the_latest_contexts_within_the_bound() {
+        let mut view = ThreadView::new();
+        for i in 0..40u8 {
+            let display = if i % 2 == 0 { "d" } else { "other" };
+            let key = DeliveryKey::from_fields([
+                "A",
+                "a",
+                "t",
+                display,
+                "r",
+                "display_event",
+                "ChunkEvent",
+                &format!("e{i}"),
+            ]);
+            let payload =
+                json!({"_parent_event_names": ["ChunkEvent"], "created_at": i, "content": "x"});
+            let Ok(Decoded::Event(event)) = decode_payload(key, payload.to_string().as_bytes())
+            else {
+                unreachable!()
+            };
+            view.insert_live(event, Some(publisher(i + 1)));
+        }
+        let links = view.recent_publishers(32);
+        assert_eq!(links.len(), 32);
+        assert_eq!(links[0], publisher(40), "the latest first");
+        assert_eq!(links[31], publisher(9));
+        let on_d = view.recent_publishers_on(&["d".into()], 32);
+        assert_eq!(on_d.len(), 20);
+        assert_eq!(on_d[0], publisher(39));
+        assert_eq!(view.recent_publishers_on(&["d".into()], 5).len(), 5);
+        assert!(view.recent_publishers_on(&["none".into()], 32).is_empty());
+        assert!(ThreadView::new().recent_publishers(32).is_empty());
     }
 
     proptest::proptest! {

@@ -29,7 +29,7 @@ use crate::decode::ViewEvent;
 use crate::ingest::EventOutcome;
 use crate::metrics::Metrics;
 use crate::project::Identity;
-use crate::view::{Inserted, ThreadView};
+use crate::view::{Inserted, PublisherContext, ThreadView};
 
 /// One cached thread.
 pub struct Entry {
@@ -43,8 +43,9 @@ pub struct Entry {
     coverage: Coverage,
     /// The view. Lock it through [`Entry::lock_view`], which applies the waiting events first.
     view: Mutex<ThreadView>,
-    /// Live events that arrived while the view was locked; applied by the view's holder.
-    waiting: Mutex<Vec<ViewEvent>>,
+    /// Live events that arrived while the view was locked, with their publisher contexts (kept while tracing is
+    /// on); applied by the view's holder.
+    waiting: Mutex<Vec<(ViewEvent, Option<PublisherContext>)>>,
     /// Set (under `waiting`'s lock) when an event is pushed there, cleared when the events are taken: a holder
     /// skips locking `waiting` while it is clear, except for its last check as it lets go, which always locks (that
     /// check is what leaves no event behind).
@@ -123,8 +124,8 @@ impl<'a> ViewGuard<'a> {
             self.entry.has_waiting.store(false, Ordering::Relaxed);
             std::mem::take(&mut *waiting)
         };
-        for event in waiting {
-            let outcome = match self.insert(event) {
+        for (event, publisher) in waiting {
+            let outcome = match self.insert_live(event, publisher) {
                 Inserted::Added => EventOutcome::Relevant,
                 Inserted::Duplicate => EventOutcome::Duplicate,
             };
@@ -267,14 +268,19 @@ impl Entry {
         }
     }
 
-    /// Applies a live event if the view is free; otherwise leaves it waiting for the view's holder, which applies
-    /// it (and counts it) before letting go. Returns what the insert did and whether it made a display of a
-    /// complete view uncovered (a fill is due), or `None` if the event waits.
-    pub fn apply_live(&self, event: ViewEvent, metrics: &Metrics) -> Option<(Inserted, bool)> {
+    /// Applies a live event (with its publisher's context, if kept) if the view is free; otherwise leaves it
+    /// waiting for the view's holder, which applies it (and counts it) before letting go. Returns what the insert
+    /// did and whether it made a display of a complete view uncovered (a fill is due), or `None` if the event waits.
+    pub fn apply_live(
+        &self,
+        event: ViewEvent,
+        publisher: Option<PublisherContext>,
+        metrics: &Metrics,
+    ) -> Option<(Inserted, bool)> {
         let Some(view) = self.try_lock_view() else {
             {
                 let mut waiting = lock(&self.waiting);
-                waiting.push(event);
+                waiting.push((event, publisher));
                 self.has_waiting.store(true, Ordering::Release);
             }
             // The holder may have checked the waiting events just before this push and be letting go now: take
@@ -285,7 +291,7 @@ impl Entry {
             return None;
         };
         let mut guard = ViewGuard::new(self, metrics, view);
-        let inserted = guard.insert(event);
+        let inserted = guard.insert_live(event, publisher);
         Some((inserted, guard.take_fill_due()))
     }
 
@@ -385,9 +391,9 @@ mod tests {
         assert_eq!(entry.held_bytes(), ThreadView::new().bytes());
         let held = entry.lock_view(&metrics);
         // The live path does not wait for the holder.
-        assert!(entry.apply_live(chunk("a", 2), &metrics).is_none());
-        assert!(entry.apply_live(chunk("a", 1), &metrics).is_none());
-        assert!(entry.apply_live(chunk("b", 3), &metrics).is_none());
+        assert!(entry.apply_live(chunk("a", 2), None, &metrics).is_none());
+        assert!(entry.apply_live(chunk("a", 1), None, &metrics).is_none());
+        assert!(entry.apply_live(chunk("b", 3), None, &metrics).is_none());
         assert_eq!(held.len(), 0);
         drop(held);
         // Applied as the holder let go, in arrival order (the first delivery of `a` wins), and counted.
@@ -398,9 +404,38 @@ mod tests {
         assert_eq!(entry.view_bytes.load(Ordering::Relaxed), view.bytes());
         drop(view);
         assert_eq!(
-            entry.apply_live(chunk("c", 4), &metrics).map(|(i, _)| i),
+            entry
+                .apply_live(chunk("c", 4), None, &metrics)
+                .map(|(i, _)| i),
             Some(Inserted::Added)
         );
+    }
+
+    #[test]
+    fn an_event_that_waits_beside_a_held_view_keeps_its_publishers_context() {
+        let metrics = Metrics::new();
+        let entry = Entry::new("t", &Coverage::new(Duration::ZERO));
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        );
+        let publisher = PublisherContext::from_headers(&headers).expect("a traceparent");
+        let held = entry.lock_view(&metrics);
+        assert!(
+            entry
+                .apply_live(chunk("a", 1), Some(publisher), &metrics)
+                .is_none()
+        );
+        drop(held);
+        let view = entry.lock_view(&metrics);
+        let kept: Vec<_> = view
+            .publishers()
+            .map(|(event, p)| (event.key.event_id().to_owned(), *p))
+            .collect();
+        assert_eq!(kept, [("a".to_owned(), publisher)]);
+        // Its bytes are the view's, as the weigher sees them.
+        assert_eq!(entry.view_bytes.load(Ordering::Relaxed), view.bytes());
     }
 
     #[test]
@@ -421,7 +456,7 @@ mod tests {
             });
             for i in 0..rounds {
                 if entry
-                    .apply_live(chunk(&format!("e{i}"), i), &metrics)
+                    .apply_live(chunk(&format!("e{i}"), i), None, &metrics)
                     .is_some()
                 {
                     applied_live += 1;

@@ -12,10 +12,10 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use super::entry::Entry;
 use super::metrics::FillOutcome;
 use super::work::{Outcome, Ticket};
-use super::{LimitPath, ViewCache};
+use super::{LimitPath, ViewCache, link_current_span};
 use crate::decode::ViewEvent;
 use crate::store::{Bounds, StoreReads};
-use crate::telemetry::trace::MAX_LINKS;
+use crate::telemetry::trace;
 use crate::view::ViewState;
 
 /// Most views one fill query serves.
@@ -98,7 +98,7 @@ impl<S: StoreReads> ViewCache<S> {
             // Err: the span is disabled; there is nothing to parent.
             let _ = span.set_parent(first.clone());
         }
-        for other in asked_by.take(MAX_LINKS) {
+        for other in asked_by.take(trace::MAX_LINKS) {
             span.add_link(other.span().span_context().clone());
         }
         self.fill_views(batch).instrument(span).await;
@@ -166,9 +166,16 @@ impl<S: StoreReads> ViewCache<S> {
                 per_view[i].push(event);
             }
         }
+        let mut links = Vec::new();
         for ((request, displays), events) in work.into_iter().zip(per_view) {
             let entry = &request.entry;
-            entry.lock_view(&self.metrics).fill(&displays, events);
+            {
+                let mut view = entry.lock_view(&self.metrics);
+                view.fill(&displays, events);
+                if trace::enabled() {
+                    links.push(view.recent_publishers_on(&displays, trace::MAX_LINKS));
+                }
+            }
             if !self.leave_if_too_large(entry, LimitPath::Live).await {
                 let outcome = match self.state(entry) {
                     ViewState::Complete => FillOutcome::Complete,
@@ -179,6 +186,7 @@ impl<S: StoreReads> ViewCache<S> {
             }
             self.finish_fill(request, Outcome::LookAgain);
         }
+        link_current_span(fair_links(links, trace::MAX_LINKS));
     }
 
     /// Ends a fill's store job; a fill wanted meanwhile (a display uncovered after this one read its displays) is
@@ -188,5 +196,45 @@ impl<S: StoreReads> ViewCache<S> {
         if let Some(next) = ticket.finish(outcome) {
             self.queue_fill(entry, next);
         }
+    }
+}
+
+/// At most `limit` of the views' links (each view's latest first), taken from the views in turn, so that one view
+/// of the batch with many live events does not crowd the others out.
+fn fair_links<T>(per_view: Vec<Vec<T>>, limit: usize) -> Vec<T> {
+    let mut views: Vec<_> = per_view.into_iter().map(Vec::into_iter).collect();
+    let mut links = Vec::new();
+    while links.len() < limit {
+        let before = links.len();
+        for view in &mut views {
+            if links.len() == limit {
+                break;
+            }
+            links.extend(view.next());
+        }
+        if links.len() == before {
+            break;
+        }
+    }
+    links
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_links_at_most_the_bound_taking_each_view_in_turn() {
+        // (view, its n-th latest context)
+        let crowded: Vec<_> = (1..=40).map(|n| (1, n)).collect();
+        let links = fair_links(
+            vec![crowded, vec![(2, 1)], Vec::new(), vec![(3, 1), (3, 2)]],
+            trace::MAX_LINKS,
+        );
+        assert_eq!(links.len(), trace::MAX_LINKS);
+        assert_eq!(&links[..5], [(1, 1), (2, 1), (3, 1), (1, 2), (3, 2)]);
+        assert_eq!(links[5..], (3..=29).map(|n| (1, n)).collect::<Vec<_>>());
+        assert_eq!(fair_links(vec![vec![(1, 1)], Vec::new()], 32), [(1, 1)]);
+        assert!(fair_links(Vec::<Vec<(u8, u8)>>::new(), 32).is_empty());
     }
 }

@@ -13,6 +13,7 @@ use super::items::Items;
 use super::transcript::Transcript;
 use crate::explain::ViewFates;
 use crate::project::{HistoryMessage, Projection, Trace};
+use crate::view::ThreadView;
 
 /// Where a read's answer came from; also the `X-History-Source` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,8 +106,13 @@ pub trait Form: Sized {
     /// Whether reads in this form are explains: their store work runs within the explain share
     /// ([`super::scan`]), so that explains cannot take the hydration slots history reads need.
     const EXPLAIN: bool = false;
-    /// Renders the form from a projection of the view, and its trace when [`Form::TRACED`] (empty otherwise).
-    fn render(thread_id: &str, projection: &Projection, trace: &Trace<'_>) -> Self;
+    /// Renders the form from a projection of `view`, and its trace when [`Form::TRACED`] (empty otherwise).
+    fn render(
+        thread_id: &str,
+        view: &ThreadView,
+        projection: &Projection,
+        trace: &Trace<'_>,
+    ) -> Self;
     /// Where a rendering keeps this form.
     fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>>;
     /// Bytes held, for the cache's weigher.
@@ -145,7 +151,12 @@ pub struct HistoryBody {
 }
 
 impl Form for HistoryBody {
-    fn render(thread_id: &str, projection: &Projection, _trace: &Trace<'_>) -> Self {
+    fn render(
+        thread_id: &str,
+        _view: &ThreadView,
+        projection: &Projection,
+        _trace: &Trace<'_>,
+    ) -> Self {
         let body = serde_json::to_vec(&HistoryJson {
             thread_id,
             messages: &projection.history.messages,
@@ -168,7 +179,12 @@ impl Form for HistoryBody {
 }
 
 impl Form for Items {
-    fn render(_thread_id: &str, projection: &Projection, _trace: &Trace<'_>) -> Self {
+    fn render(
+        _thread_id: &str,
+        _view: &ThreadView,
+        projection: &Projection,
+        _trace: &Trace<'_>,
+    ) -> Self {
         Items::new(projection)
     }
 
@@ -182,7 +198,12 @@ impl Form for Items {
 }
 
 impl Form for Transcript {
-    fn render(_thread_id: &str, projection: &Projection, _trace: &Trace<'_>) -> Self {
+    fn render(
+        _thread_id: &str,
+        _view: &ThreadView,
+        projection: &Projection,
+        _trace: &Trace<'_>,
+    ) -> Self {
         Transcript::new(projection)
     }
 
@@ -203,8 +224,13 @@ impl Form for ViewFates {
     const TRACED: bool = true;
     const EXPLAIN: bool = true;
 
-    fn render(_thread_id: &str, projection: &Projection, trace: &Trace<'_>) -> Self {
-        ViewFates::new(projection, trace)
+    fn render(
+        _thread_id: &str,
+        view: &ThreadView,
+        projection: &Projection,
+        trace: &Trace<'_>,
+    ) -> Self {
+        ViewFates::new(view, projection, trace)
     }
 
     fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>> {

@@ -15,12 +15,13 @@ use super::form::{Answer, Form, Source};
 use super::metrics::RereadResult;
 use super::render::Rendering;
 use super::work::{Begin, Outcome, Ticket};
-use super::{LimitPath, ReadError, ViewCache};
+use super::{LimitPath, ReadError, ViewCache, link_current_span};
 use crate::coverage::{Stamp, Verdict};
 use crate::decode::ViewEvent;
 use crate::freshness;
 use crate::project::Identity;
 use crate::store::{Bounds, Hydration, StoreError, StoreReads, VisibleDisplays};
+use crate::telemetry::trace;
 use crate::view::{ThreadView, ViewState, display_bytes};
 
 impl<S: StoreReads> ViewCache<S> {
@@ -103,10 +104,17 @@ impl<S: StoreReads> ViewCache<S> {
             }
         }
         let verdict = self.coverage.verdict(&start);
-        let (deferred, fill) = {
+        let (deferred, fill, links) = {
             let mut view = entry.lock_view(&self.metrics);
             let live = std::mem::take(&mut *view);
             *view = ThreadView::hydrated(events, visible.displays, live);
+            // The live events merged (those waiting beside the view included, applied as it was taken) keep their
+            // publishers' contexts; the hydration's span links to them.
+            let links = if trace::enabled() {
+                view.recent_publishers(trace::MAX_LINKS)
+            } else {
+                Vec::new()
+            };
             entry
                 .stored_through
                 .fetch_max(covers_through, Ordering::AcqRel);
@@ -115,13 +123,14 @@ impl<S: StoreReads> ViewCache<S> {
                     view.mark_complete(epoch);
                     // A live marker on a display the store did not return yet (not persisted when stage 1 ran):
                     // fill it, off the read path.
-                    (None, view.needs_fill(epoch))
+                    (None, view.needs_fill(epoch), links)
                 }
                 // Partial only because the bound has not passed: read again once it has.
-                Verdict::Deferred(until) => (Some(until), false),
-                Verdict::Uncovered => (None, false),
+                Verdict::Deferred(until) => (Some(until), false, links),
+                Verdict::Uncovered => (None, false, links),
             }
         };
+        link_current_span(links);
         // The stored events fit, but with the live ones held the view may not.
         if self.leave_if_too_large(entry, LimitPath::Read).await {
             return Err(self.too_large());

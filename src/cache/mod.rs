@@ -72,7 +72,7 @@ use crate::shadow::ShadowSettings;
 use crate::store::StoreBounds;
 use crate::store::{Hydration, Store, StoreError, StoreReads};
 use crate::telemetry::RateLimit;
-use crate::view::{Inserted, ViewState};
+use crate::view::{Inserted, PublisherContext, ViewState};
 use entry::Entry;
 use fill::FillRequest;
 use work::{Begin, Outcome};
@@ -113,6 +113,19 @@ fn current_context() -> Option<opentelemetry::Context> {
 
 /// Fills waiting for a query; beyond it a fill is dropped and its view's next read hydrates.
 const FILL_QUEUE: usize = 1024;
+
+/// Links the current span (a hydration's or a fill's) to the publishers' contexts of the live events it merged
+/// (at most [`crate::telemetry::trace::MAX_LINKS`], chosen by the caller; none while tracing is off). Each is read
+/// by the propagator here, after the view was let go of; an invalid one is left out.
+fn link_current_span(publishers: Vec<PublisherContext>) {
+    if publishers.is_empty() {
+        return;
+    }
+    let span = tracing::Span::current();
+    for context in publishers.iter().filter_map(PublisherContext::span_context) {
+        tracing_opentelemetry::OpenTelemetrySpanExt::add_link(&span, context);
+    }
+}
 
 /// What the view cache is built with: its settings, the shadow checks', the shared bounds, and how long after a read
 /// a lost connection may still be noticed (a shadow check judges a failure only after it).
@@ -264,11 +277,18 @@ impl<S: StoreReads> ViewCache<S> {
     /// applied to an entry the cache let go of meanwhile is not lost for reads: that entry records its removal when
     /// it is dropped, after the event, so the thread's next entry is complete only once the store has it.
     ///
+    /// `publisher` is the context the event's message carried, kept beside it while tracing is on (the view keeps
+    /// it if the event is added, [`crate::view::PublisherContext`]).
+    ///
     /// Returns what the insert did, or `None` when the view was locked and the event waits beside it: its holder
     /// applies and counts it ([`entry`]).
-    pub async fn apply(&self, event: ViewEvent) -> Option<Inserted> {
+    pub async fn apply(
+        &self,
+        event: ViewEvent,
+        publisher: Option<PublisherContext>,
+    ) -> Option<Inserted> {
         let entry = self.entry(event.key.thread_id()).await;
-        let applied = entry.apply_live(event, &self.metrics);
+        let applied = entry.apply_live(event, publisher, &self.metrics);
         if self.leave_if_too_large(&entry, LimitPath::Live).await {
             return applied.map(|(inserted, _)| inserted);
         }

@@ -90,8 +90,12 @@ impl Rendering {
                 // Only another form of this version was rendered: project again for this one (its warnings were
                 // logged when the first form was rendered).
                 let (projection, trace) = projected.unwrap_or_else(project);
-                let body =
-                    Arc::clone(slot.insert(Arc::new(F::render(thread_id, &projection, &trace))));
+                let body = Arc::clone(slot.insert(Arc::new(F::render(
+                    thread_id,
+                    view,
+                    &projection,
+                    &trace,
+                ))));
                 if let Some(digests) = body.digests() {
                     if self.recent.len() == RECENT_DIGESTS {
                         self.recent.pop_front();

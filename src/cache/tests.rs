@@ -21,7 +21,7 @@ use crate::metrics::Metrics;
 use crate::shadow::{ShadowSettings, StoredRow, Verdict};
 use crate::store::{Bounds, Hydration, StoreBounds, StoreError, StoreReads, VisibleDisplays};
 use crate::subject::DeliveryKey;
-use crate::view::event_bytes;
+use crate::view::{PublisherContext, event_bytes};
 
 const LAG: Duration = Duration::from_millis(2_000);
 const THREAD: &str = "t";
@@ -395,7 +395,7 @@ impl Scene {
         self.store.persist(&chunk("d2", "c2", 3, "answer-two"));
         let marker = user("d2", "u2", 4);
         self.store.persist(&marker);
-        self.views.apply(marker).await;
+        self.views.apply(marker, None).await;
     }
 }
 
@@ -584,7 +584,7 @@ async fn a_thread_past_the_limit_answers_too_large_from_the_store_and_from_a_liv
     scene.complete_thread().await;
     let big = chunk("d1", "big", 3, &"x".repeat(limit));
     scene.store.persist(&big);
-    scene.views.apply(big).await;
+    scene.views.apply(big, None).await;
     assert!(matches!(
         scene.read().await,
         Err(ReadError::TooLarge { limit: l }) if l == limit
@@ -604,7 +604,7 @@ async fn a_view_taken_past_the_limit_by_its_holder_is_not_answered_from_memory()
     let entry = scene.views.entry(THREAD).await;
     let held = entry.lock_view(&scene.views.metrics);
     // The view is held: the event waits beside it, and the live path's check sees the view as it was.
-    assert!(scene.views.apply(big).await.is_none());
+    assert!(scene.views.apply(big, None).await.is_none());
     // Letting go applies it.
     drop(held);
     assert!(matches!(
@@ -832,6 +832,103 @@ async fn concurrent_explains_of_a_complete_thread_share_one_row_scan_and_no_hydr
         (Source::Cache, 3)
     );
     assert_eq!(scene.store.calls(Query::Explain), 2);
+}
+
+/// The context of a message whose `traceparent` has trace and span ids of `n` repeated, as the view keeps it.
+fn publisher(n: u8) -> PublisherContext {
+    let mut headers = async_nats::HeaderMap::new();
+    let value = format!(
+        "00-{}-{}-01",
+        format!("{n:02x}").repeat(16),
+        format!("{n:02x}").repeat(8)
+    );
+    headers.insert("traceparent", value.as_str());
+    PublisherContext::from_headers(&headers).expect("a traceparent")
+}
+
+/// Each listed event's id with its `publisher_trace_id` (absent: `-`), from an explain of the thread as the handler
+/// joins it.
+async fn publisher_trace_ids(views: &ViewCache<FakeStore>) -> Vec<(String, String)> {
+    let answer = views.read::<ViewFates>(THREAD, None).await.unwrap();
+    let scan = views.row_metadata(THREAD).await.unwrap();
+    let explanation =
+        serde_json::to_value(crate::explain::explain(THREAD, &answer.body, &scan.rows)).unwrap();
+    explanation["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| {
+            let id = event["event_id"].as_str().unwrap().to_owned();
+            let trace = event
+                .get("publisher_trace_id")
+                .map_or("-".to_owned(), |t| t.as_str().unwrap()[..2].to_owned());
+            (id, trace)
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_publishers_contexts_of_live_events_survive_hydration_and_fill_and_explain_lists_their_trace_ids()
+ {
+    let scene = Scene::new();
+    scene.stored_turn();
+    // Live: the stored marker again (its row gets the context), an answer not stored yet, and one that waits
+    // beside the view while a holder has it; then a repeat of the answer with another context (the first stays).
+    scene
+        .views
+        .apply(user("d1", "u1", 1), Some(publisher(1)))
+        .await;
+    scene
+        .views
+        .apply(chunk("d1", "live", 3, "later"), Some(publisher(2)))
+        .await;
+    let entry = scene.views.entry(THREAD).await;
+    let held = entry.lock_view(&scene.views.metrics);
+    assert!(
+        scene
+            .views
+            .apply(chunk("d1", "waited", 4, "later still"), Some(publisher(3)))
+            .await
+            .is_none()
+    );
+    drop(held);
+    scene
+        .views
+        .apply(chunk("d1", "live", 3, "later"), Some(publisher(9)))
+        .await;
+    scene.past_the_bound().await;
+    let ids = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
+    };
+    // The explain's read hydrates: the store's rows merged with the live events, each keeping its context; `c1`
+    // came from the store only.
+    assert_eq!(
+        publisher_trace_ids(&scene.views).await,
+        ids(&[("u1", "01"), ("c1", "-"), ("live", "02"), ("waited", "03")])
+    );
+    assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+    // A new turn's marker, live with a context, is filled: the fill keeps every context.
+    scene.store.persist(&chunk("d2", "c2", 5, "answer-two"));
+    let marker = user("d2", "u2", 6);
+    scene.store.persist(&marker);
+    scene.views.apply(marker, Some(publisher(4))).await;
+    settle().await;
+    assert_eq!(scene.store.calls(Query::Fill), 1);
+    assert_eq!(
+        publisher_trace_ids(&scene.views).await,
+        ids(&[
+            ("u1", "01"),
+            ("c1", "-"),
+            ("live", "02"),
+            ("waited", "03"),
+            ("c2", "-"),
+            ("u2", "04")
+        ])
+    );
+    assert_eq!(scene.store.calls(Query::Markers), 1, "one hydration");
 }
 
 #[tokio::test(start_paused = true)]
@@ -1087,7 +1184,7 @@ async fn the_hot_set_is_the_most_recently_read_newest_first() {
     }
     scene.views.read::<HistoryBody>("b", None).await.unwrap();
     // A thread only written to live is no read.
-    scene.views.apply(user("d9", "u9", 1)).await;
+    scene.views.apply(user("d9", "u9", 1), None).await;
     assert_eq!(scene.views.hot_set(10), ["b", "d", "c", "a"]);
     assert_eq!(scene.views.hot_set(2), ["b", "d"]);
     assert!(scene.views.hot_set(0).is_empty());
@@ -1192,7 +1289,7 @@ mod spans {
         scene.store.persist(&chunk("d3", "c3", 5, "answer-three"));
         let marker = user("d3", "u3", 6);
         scene.store.persist(&marker);
-        scene.views.apply(marker).await;
+        scene.views.apply(marker, None).await;
         settle().await;
         assert_eq!(scene.store.calls(Query::Fill), 2);
         let answer = scene.read().await.unwrap();

@@ -107,6 +107,8 @@ pub struct ConsumerState {
 pub struct Delivery {
     pub subject: async_nats::Subject,
     pub payload: Bytes,
+    /// The message's headers as stored (a publisher's `traceparent` among them), if it had any.
+    pub headers: Option<async_nats::HeaderMap>,
     pub stream_seq: u64,
     /// Counts the consumer's deliveries: a number skipped is a delivery lost on the way.
     pub consumer_seq: u64,
@@ -310,6 +312,7 @@ impl Consumer for NatsConsumer {
         Some(Ok(Delivery {
             subject: message.subject,
             payload: message.payload,
+            headers: message.headers,
             stream_seq: info.0,
             consumer_seq: info.1,
             pending: info.2,

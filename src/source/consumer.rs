@@ -210,7 +210,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                         Some((partitioning, _)) => partitioning.original_subject(subject).unwrap_or(subject),
                         None => subject,
                     };
-                    self.inner.sink.apply(subject, &delivery.payload).await;
+                    self.inner.sink.apply(subject, &delivery.payload, delivery.headers.as_ref()).await;
                     position.applied = Some(delivery.stream_seq);
                     tracker.emit(SourceEvent::Applied {
                         stream: name,

@@ -47,7 +47,14 @@ pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
 
 /// Where an event goes once a source has it: subject → decode → view ([`crate::ingest::Ingest`]).
 pub trait Sink: Clone + Send + Sync + 'static {
-    fn apply(&self, subject: &str, payload: &[u8]) -> impl Future<Output = ()> + Send;
+    /// One message by its subject, payload and headers (Core NATS and JetStream both deliver headers: a
+    /// publisher's W3C trace context, [`crate::telemetry::trace::publisher_context`]).
+    fn apply(
+        &self,
+        subject: &str,
+        payload: &[u8],
+        headers: Option<&async_nats::HeaderMap>,
+    ) -> impl Future<Output = ()> + Send;
 }
 
 /// Why a JetStream stream may have lost an event the worker did not read: each a gap.

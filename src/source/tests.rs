@@ -36,6 +36,7 @@ fn control_subject(class: &str, n: u64) -> String {
 #[derive(Debug, Clone)]
 struct Stored {
     subject: String,
+    headers: Option<async_nats::HeaderMap>,
     time: SystemTime,
 }
 
@@ -120,12 +121,22 @@ impl Fake {
     }
 
     fn publish(&self, stream: &str, subject: String) -> u64 {
+        self.publish_with(stream, subject, None)
+    }
+
+    fn publish_with(
+        &self,
+        stream: &str,
+        subject: String,
+        headers: Option<async_nats::HeaderMap>,
+    ) -> u64 {
         self.stream(stream, |s| {
             s.last_seq += 1;
             s.messages.insert(
                 s.last_seq,
                 Stored {
                     subject,
+                    headers,
                     time: SystemTime::now(),
                 },
             );
@@ -229,6 +240,7 @@ impl Consumer for FakeConsumer {
                     return Some(Ok(Delivery {
                         subject: stored.subject.clone().into(),
                         payload: Bytes::from_static(b"{}"),
+                        headers: stored.headers.clone(),
                         stream_seq: *seq,
                         consumer_seq: self.delivered,
                         pending: matching.len() as u64 - 1,
@@ -332,19 +344,42 @@ impl Api for Fake {
     }
 }
 
-/// What the source applied, by subject.
+/// One message the source applied: its subject and its `traceparent` header.
+type AppliedMessage = (String, Option<String>);
+
+/// What the source applied, in order.
 #[derive(Clone, Default)]
-struct Applied(Arc<Mutex<Vec<String>>>);
+struct Applied(Arc<Mutex<Vec<AppliedMessage>>>);
 
 impl Sink for Applied {
-    async fn apply(&self, subject: &str, _payload: &[u8]) {
-        self.0.lock().unwrap().push(subject.to_owned());
+    async fn apply(&self, subject: &str, _payload: &[u8], headers: Option<&async_nats::HeaderMap>) {
+        let traceparent = headers
+            .and_then(|headers| headers.get("traceparent"))
+            .map(|value| value.as_str().to_owned());
+        self.0
+            .lock()
+            .unwrap()
+            .push((subject.to_owned(), traceparent));
     }
 }
 
 impl Applied {
     fn subjects(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(subject, _)| subject.clone())
+            .collect()
+    }
+
+    fn traceparents(&self) -> Vec<Option<String>> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, traceparent)| traceparent.clone())
+            .collect()
     }
 }
 
@@ -863,4 +898,19 @@ async fn partitioned_class_streams_not_read_because_the_listing_fails_keep_the_w
     h.fake.with(|w| w.listing = None);
     h.pass(Duration::from_secs(2)).await;
     assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stored_message_reaches_the_sink_with_its_headers() {
+    let (h, stream) = Harness::running("A", 1).await;
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("traceparent", traceparent);
+    h.fake
+        .publish_with(&stream, display_subject("A", 1), Some(headers));
+    h.pass(Duration::from_secs(1)).await;
+    assert_eq!(
+        h.applied.traceparents(),
+        [None, Some(traceparent.to_owned())]
+    );
 }

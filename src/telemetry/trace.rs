@@ -332,7 +332,12 @@ impl Extractor for NatsHeaders<'_> {
     fn get(&self, key: &str) -> Option<&str> {
         self.0
             .iter()
-            .find(|(name, _)| AsRef::<str>::as_ref(*name).eq_ignore_ascii_case(key))
+            .find(|(name, _)| {
+                let name: &str = name.as_ref();
+                // The exact spelling first: one compare, where folding the case costs a step per byte (the ingest
+                // path looks `traceparent` up in every message while tracing is on).
+                name == key || name.eq_ignore_ascii_case(key)
+            })
             .and_then(|(_, values)| values.first())
             .map(|value| value.as_str())
     }

@@ -419,3 +419,51 @@ async fn a_hidden_display_made_visible_live_brings_back_its_earlier_persisted_ev
         ])
     );
 }
+
+#[tokio::test]
+async fn a_message_carrying_a_traceparent_is_applied_and_with_tracing_off_nothing_of_it_is_kept() {
+    let app = spawn_app().await;
+    let thread = "t-traceparent-off";
+    app.store
+        .insert_rows(&[user_row(thread, "d1", "e1", 1, "Q")])
+        .await;
+    assert_eq!(app.api.history(thread, "").await.source(), Some("store"));
+    // As aihub publishes: W3C trace context in the headers (a name in another case, flags 03).
+    let row = chunk_row(thread, "d1", "A", "e2", 2, "streamed");
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        "Traceparent",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-03",
+    );
+    app.publisher
+        .publish_with_headers(
+            test_support::rows::subject(&row),
+            headers,
+            test_support::rows::payload(&row).into(),
+        )
+        .await
+        .expect("publish");
+    app.publisher.flush().await.expect("flush");
+    let (body, source) = read_until(&app.api, thread, "", |b| {
+        b["messages"].as_array().is_some_and(|m| m.len() == 2)
+    })
+    .await;
+    assert_eq!(
+        body["messages"],
+        turns(&[("user", "Q"), ("assistant", "streamed")])
+    );
+    assert_eq!(source, "cache");
+    // No endpoint set: the header was not read, so explain names no publisher trace.
+    let explanation = crate::explain::explain(&app.api, thread, "").await;
+    assert_eq!(explanation.status, 200, "{}", explanation.body);
+    let events = explanation.json()["events"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(events.len(), 2, "{}", explanation.body);
+    assert!(
+        events.iter().all(|e| e.get("publisher_trace_id").is_none()),
+        "{}",
+        explanation.body
+    );
+}
