@@ -45,13 +45,14 @@ if [[ "${1:-}" == "--install-only" ]]; then
     exit 0
 fi
 
-# The settings the binary has, by environment name: the chart must set each of them.
+# The settings the binary has, by environment name (HISTORY_VIEW_*, and the OTEL_* ones of its "Tracing" heading):
+# the chart must set each of them.
 # CHV_BINARY names a built worker binary (`make test` passes the one its tests built); otherwise cargo builds one.
 if [[ -n "${CHV_BINARY:-}" ]]; then
     help="$("$CHV_BINARY" --help)"
 else
     help="$(cd "$root" && cargo run --quiet --bin chat-history-view -- --help)"
 fi
-CHART_SETTINGS="$(grep -o '\[env: HISTORY_VIEW_[A-Z_]*' <<<"$help" | cut -c7-)"
+CHART_SETTINGS="$(grep -oE '\[env: (HISTORY_VIEW|OTEL)_[A-Z_]*' <<<"$help" | cut -c7-)"
 export CHART_SETTINGS
 exec "$python" "$root/scripts/check_chart.py"

@@ -20,7 +20,8 @@ Steps:
    every mode (Core one replica, Core two replicas, JetStream, partitioned) renders with the monitoring
    objects (ServiceMonitor, PrometheusRule, dashboard) all on and all off, and every NATS authentication
    (none, creds, NKey, token, user and password) and TLS (CA only, client certificate) renders with the
-   chart's own Secret and with an existing one; every setting of --help is set by some value set;
+   chart's own Secret and with an existing one; tracing renders its OTEL_* settings and the pod's resource
+   attributes only when an endpoint is set; every setting of --help is set by some value set;
 3. check that the values' alert defaults equal files/alerts.yaml (no drift), and that every alert has its
    labels, annotations and a runbook_url naming its section of docs/operations.md;
 4. render values the chart must refuse (schema and template guards) and expect a failure;
@@ -164,6 +165,32 @@ CASES: dict[str, dict[str, Any]] = {
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "aihub", "effect": "NoSchedule"}],
         "priorityClassName": "high",
         "readinessProbe": {"periodSeconds": 3, "failureThreshold": 2},
+    },
+    # Tracing on: the default sampler; a raised ratio with attributes of the values' (one replacing a chart's); a
+    # named sampler with a ratio, partitioned; the traces endpoint alone with a parent-based sampler, replicas.
+    "tracing-on,default-sampler": {"tracing": {"endpoint": "http://otel-collector.observability:4318"}},
+    "tracing-on,raised-ratio,attributes": {
+        "tracing": {
+            "endpoint": "http://otel-collector.observability:4318/",
+            "samplerArg": 0.25,
+            "resourceAttributes": {"deployment.environment.name": "prod", "k8s.node.name": "from-values"},
+        },
+    },
+    "partitioned,tracing-on,ratio-sampler,service-name": deep_merge(
+        MODES["partitioned"],
+        {
+            "tracing": {
+                "endpoint": "https://otel-collector.observability.svc:4318",
+                "sampler": "parentbased_traceidratio",
+                "samplerArg": 0.05,
+                "serviceName": "chat-history-view-eu",
+                "resourceAttributes": {"k8s.cluster.name": "eu-1"},
+            },
+        },
+    ),
+    "core,replicas-2,tracing-traces-endpoint-only,parentbased-always-on": {
+        "replicaCount": 2,
+        "tracing": {"tracesEndpoint": "http://tempo.tracing:4318/v1/traces", "sampler": "parentbased_always_on"},
     },
     "image-digest": {
         "image": {"digest": "sha256:" + "a" * 64},
@@ -352,6 +379,25 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
         "topologyKey",
     ),
     "a mistyped nested key": ({"serviceMonitor": {"enable": True}}, "'enable'"),
+    "an unknown sampler": ({"tracing": {"endpoint": "http://c:4318", "sampler": "ratio"}}, "/tracing/sampler"),
+    "a sampler ratio above 1": ({"tracing": {"endpoint": "http://c:4318", "samplerArg": 1.5}}, "/tracing/samplerArg"),
+    "a ratio for a sampler that takes none": (
+        {"tracing": {"endpoint": "http://c:4318", "sampler": "always_on", "samplerArg": 0.5}},
+        "/tracing/samplerArg",
+    ),
+    "an OTLP endpoint that is no http(s) URL": ({"tracing": {"endpoint": "otel-collector:4317"}}, "/tracing/endpoint"),
+    "credentials in the OTLP endpoint": (
+        {"tracing": {"endpoint": "https://chv:pw@collector:4318"}},
+        "tracing.endpoint holds credentials",
+    ),
+    "credentials in the OTLP traces endpoint": (
+        {"tracing": {"tracesEndpoint": "https://key@collector:4318/v1/traces"}},
+        "tracing.tracesEndpoint holds credentials",
+    ),
+    "a resource attribute value with a comma": (
+        {"tracing": {"endpoint": "http://c:4318", "resourceAttributes": {"team": "a,b"}}},
+        "/tracing/resourceAttributes",
+    ),
     "partitions on Core NATS": ({"partitions": 2}, "need config.source=jetstream"),
     "no partition": ({"partitions": 0}, "/partitions"),
 }
@@ -359,9 +405,10 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
 
 def binary_settings() -> set[str]:
     """The environment names of the binary's own settings, from its `--help` (check-chart.sh passes them in
-    CHART_SETTINGS), so the chart cannot drift from the configuration."""
+    CHART_SETTINGS): the HISTORY_VIEW_* ones and the OTEL_* ones of its "Tracing" heading, so the chart cannot
+    drift from the configuration."""
     names = set(os.environ.get("CHART_SETTINGS", "").split())
-    if len(names) < 10 or not all(n.startswith("HISTORY_VIEW_") for n in names):
+    if len(names) < 10 or not all(n.startswith(("HISTORY_VIEW_", "OTEL_")) for n in names):
         sys.exit(f"check-chart: CHART_SETTINGS does not list the binary's settings: {sorted(names)}")
     return names
 
@@ -369,7 +416,23 @@ def binary_settings() -> set[str]:
 # Settings the chart never sets: the secrets' literal forms (it passes their _FILE twins, never a secret value),
 # and the partition (a partitioned worker takes the ordinal ending its pod's name; the pod-index label exists only
 # from Kubernetes 1.28).
-NEVER_SET = {"HISTORY_VIEW_MONGODB_URI", "HISTORY_VIEW_API_TOKEN", "HISTORY_VIEW_PARTITION"}
+# The OTLP protocol has one value, the binary's default, and an empty tracing.endpoint already turns tracing off
+# (OTEL_SDK_DISABLED).
+NEVER_SET = {
+    "HISTORY_VIEW_MONGODB_URI",
+    "HISTORY_VIEW_API_TOKEN",
+    "HISTORY_VIEW_PARTITION",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_SDK_DISABLED",
+}
+# Read by the OpenTelemetry SDK itself, so not in --help: the resource.
+SDK_SETTINGS = {"OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"}
+# The pod's own fields the resource attributes take from the downward API, by the variable that carries each.
+K8S_ATTRIBUTES = {
+    "k8s.pod.name": ("K8S_POD_NAME", "metadata.name"),
+    "k8s.namespace.name": ("K8S_NAMESPACE_NAME", "metadata.namespace"),
+    "k8s.node.name": ("K8S_NODE_NAME", "spec.nodeName"),
+}
 # Files of the Secret, by setting; set when the values use them (check_facts computes which).
 SECRET_FILE_SETTINGS = {
     "HISTORY_VIEW_MONGODB_URI_FILE",
@@ -387,6 +450,8 @@ TLS_FILE_SETTINGS = {
 # Set in some modes only: the files, the NATS user (userPassword), the partitioned stream's byte limit (when one is).
 MODE_ENV = SECRET_FILE_SETTINGS | TLS_FILE_SETTINGS | {"HISTORY_VIEW_NATS_USER", "HISTORY_VIEW_JETSTREAM_MAX_BYTES"}
 BINARY_SETTINGS = binary_settings()
+# Set with tracing on only (check_tracing says which): the binary's OTEL_* settings and the SDK's.
+MODE_ENV |= {n for n in BINARY_SETTINGS if n.startswith("OTEL_")} - NEVER_SET | SDK_SETTINGS
 # Every other setting the binary has is set in every mode, and RUST_LOG.
 EXPECTED_ENV = (BINARY_SETTINGS - MODE_ENV - NEVER_SET) | {"RUST_LOG"}
 
@@ -888,6 +953,7 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
 
     check_memory(container, values)
     check_extras(pod, container, env_list, values, pod_labels)
+    check_tracing(env_list, values, notes)
     check_secrets(manifests, deployment, pod, container, env, values, notes)
 
     services = [s for s in by_kind(manifests, "Service") if s["spec"].get("clusterIP") != "None"]
@@ -1016,6 +1082,59 @@ def check_extras(
                 bool(match_labels) and match_labels.items() <= pod_labels.items(),
                 f"topology spread constraint {got} does not select the release's pods",
             )
+
+
+def check_tracing(env_list: list[dict[str, Any]], values: dict[str, Any], notes: str) -> None:
+    """Tracing off (no endpoint): no OTEL_* variable and none of the downward API's. On: each OTEL_* setting the
+    values set, and only those (an empty OTEL_TRACES_SAMPLER would stop the worker); the pod's name, namespace and
+    node from the downward API into variables defined before OTEL_RESOURCE_ATTRIBUTES references them (Kubernetes
+    expands only earlier ones), the values' attributes after them (the SDK keeps a key's last value); NOTES names
+    where spans go."""
+    tracing = values["tracing"]
+    extra = {e["name"] for e in values["extraEnv"]}
+    chart_env = [e for e in env_list if e["name"] not in extra]
+    env = {e["name"]: e for e in chart_env}
+    names = [e["name"] for e in chart_env]
+    k8s_vars = {var for var, _ in K8S_ATTRIBUTES.values()}
+    if not (tracing["endpoint"] or tracing["tracesEndpoint"]):
+        present = sorted(n for n in names if n.startswith("OTEL_") or n in k8s_vars)
+        expect(not present, f"tracing is off (no endpoint), but the chart sets {present}")
+        expect("Traces: off" in notes, "NOTES.txt does not say that tracing is off")
+        return
+    wanted = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": tracing["endpoint"],
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": tracing["tracesEndpoint"],
+        "OTEL_TRACES_SAMPLER": tracing["sampler"],
+        "OTEL_SERVICE_NAME": tracing["serviceName"],
+    }
+    for name, value in wanted.items():
+        got = env.get(name, {}).get("value")
+        expect(got == (value or None), f"{name} is {got!r}, the values say {value!r} (empty: not set)")
+    arg = env.get("OTEL_TRACES_SAMPLER_ARG", {}).get("value")
+    # Helm drops a key whose value is null from the values it merges.
+    if tracing.get("samplerArg") is None:
+        expect(arg is None, f"OTEL_TRACES_SAMPLER_ARG is {arg!r} without tracing.samplerArg")
+    else:
+        expect(
+            arg is not None and float(arg) == float(tracing["samplerArg"]),
+            f"OTEL_TRACES_SAMPLER_ARG is {arg!r}, not {tracing['samplerArg']}",
+        )
+    for var, field in K8S_ATTRIBUTES.values():
+        expect(
+            env.get(var) == {"name": var, "valueFrom": {"fieldRef": {"fieldPath": field}}},
+            f"{var} is {env.get(var)}, not the pod's {field} from the downward API",
+        )
+    expect("OTEL_RESOURCE_ATTRIBUTES" in env, "tracing is on, but OTEL_RESOURCE_ATTRIBUTES is not set")
+    text = env["OTEL_RESOURCE_ATTRIBUTES"]["value"]
+    pairs = [entry.split("=", 1) for entry in text.split(",")]
+    expect(all(len(pair) == 2 for pair in pairs), f"OTEL_RESOURCE_ATTRIBUTES {text!r} has an entry without '='")
+    expected = {key: f"$({var})" for key, (var, _) in K8S_ATTRIBUTES.items()} | tracing["resourceAttributes"]
+    expect(dict(pairs) == expected, f"OTEL_RESOURCE_ATTRIBUTES {text!r} means {dict(pairs)}, not {expected}")
+    before = names[: names.index("OTEL_RESOURCE_ATTRIBUTES")]
+    for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", text):
+        expect(ref in before, f"OTEL_RESOURCE_ATTRIBUTES references $({ref}), not defined before it")
+    url = tracing["tracesEndpoint"] or tracing["endpoint"].rstrip("/") + "/v1/traces"
+    expect(f"OTLP/HTTP to {url}," in notes, f"NOTES.txt does not say that spans go to {url}")
 
 
 def expected_secret_files(values: dict[str, Any]) -> dict[str, str]:
@@ -1187,7 +1306,9 @@ def check_chart(chart: Path, record: Callable[[str, str | None], None]) -> None:
         f"settings: each of the binary's {len(BINARY_SETTINGS)} is set by some value set, but {sorted(NEVER_SET)}",
         f"set by no value set: {never}" if never else None,
     )
-    unknown = sorted({n for n in set_somewhere if n.startswith("HISTORY_VIEW_")} - BINARY_SETTINGS)
+    unknown = sorted(
+        {n for n in set_somewhere if n.startswith(("HISTORY_VIEW_", "OTEL_"))} - BINARY_SETTINGS - SDK_SETTINGS
+    )
     record(
         "settings: the chart sets only settings the binary's --help lists",
         f"env vars the binary's --help does not list (rebuild the binary?): {unknown}" if unknown else None,
@@ -1312,6 +1433,32 @@ BREAKAGES: dict[str, tuple[str, str, str]] = {
     ),
     "a values default drifted from the rule file": ("values.yaml", "      threshold: 0.1\n", "      threshold: 0.2\n"),
     "an alert without a runbook": ("files/alerts.yaml", "          runbook_url:", "          runbook:"),
+    "the tracing settings rendered while tracing is off": (
+        "templates/_env.tpl",
+        "{{- if or $t.endpoint $t.tracesEndpoint }}",
+        "{{- if true }}",
+    ),
+    "the sampler not passed": (
+        "templates/_env.tpl",
+        "- name: OTEL_TRACES_SAMPLER\n  value: {{ $t.sampler | quote }}\n",
+        "",
+    ),
+    "an empty sampler rendered": ("templates/_env.tpl", "{{- if $t.sampler }}", "{{- if true }}"),
+    "the resource attributes without the pod's name": (
+        "templates/_env.tpl",
+        '"k8s.pod.name=$(K8S_POD_NAME)" ',
+        "",
+    ),
+    "the values' attributes before the chart's": (
+        "templates/_env.tpl",
+        "{{- $attributes = append $attributes",
+        "{{- $attributes = prepend $attributes",
+    ),
+    "credentials in the OTLP endpoint accepted": (
+        "templates/_validate.tpl",
+        '{{- if regexMatch "://[^/?#]*@" $url }}',
+        "{{- if false }}",
+    ),
 }
 
 

@@ -1,9 +1,11 @@
 //! The events the bench stores and streams, in aihub's persisted row shape (`test_support::rows`):
 //! `UserAgent` user messages (the markers that make a display visible) and chunks of about 100 bytes. A row becomes
-//! a store document, or a NATS message: the row's 9-token subject with `event_data` as the JSON payload.
+//! a store document, or a NATS message: the row's 9-token subject with `event_data` as the JSON payload (and, as
+//! aihub's publisher sends it, a `traceparent` header where a measurement asks for one).
 
-use async_nats::Subject;
+use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use serde_json::Value;
 pub use test_support::rows::document;
 use test_support::rows::{self, Event};
@@ -70,6 +72,8 @@ pub fn chunk_with_text(thread: &str, display: &str, seq: usize, text: &str) -> V
 pub struct Message {
     pub subject: Subject,
     pub payload: Bytes,
+    /// The NATS headers aihub's publisher adds ([`Message::with_traceparent`]), if any.
+    pub headers: Option<HeaderMap>,
 }
 
 impl Message {
@@ -77,14 +81,39 @@ impl Message {
         Self {
             subject: Subject::from(rows::subject(row)),
             payload: Bytes::from(rows::payload(row)),
+            headers: None,
         }
     }
 
+    /// The message with the W3C `traceparent` aihub's publisher injects into every message: a fresh random trace
+    /// id and span id (its publish span's) and flags `01`, as its publisher samples everything.
+    pub fn with_traceparent(mut self) -> Self {
+        let ids = RandomIdGenerator::default();
+        let traceparent = format!("00-{}-{}-01", ids.new_trace_id(), ids.new_span_id());
+        let mut headers = HeaderMap::new();
+        headers.insert("traceparent", traceparent.as_str());
+        self.headers = Some(headers);
+        self
+    }
+
     pub async fn publish(&self, client: &async_nats::Client) {
-        client
-            .publish(self.subject.clone(), self.payload.clone())
-            .await
-            .expect("publish to NATS");
+        let published = match &self.headers {
+            Some(headers) => {
+                client
+                    .publish_with_headers(
+                        self.subject.clone(),
+                        headers.clone(),
+                        self.payload.clone(),
+                    )
+                    .await
+            }
+            None => {
+                client
+                    .publish(self.subject.clone(), self.payload.clone())
+                    .await
+            }
+        };
+        published.expect("publish to NATS");
     }
 }
 

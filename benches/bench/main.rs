@@ -7,6 +7,9 @@
 //!
 //! - `BENCH_WORKER_BIN`: the worker binary (default `target/release/chat-history-view`).
 //! - `BENCH_EVENTS_P1` (default 200000) and `BENCH_EVENTS_P5` (default 1000000): events streamed in P1 and P5.
+//! - `BENCH_ROUNDS_P1` (default 6): P1's rounds.
+//! - `BENCH_P1=tracing-off` (or `tracing-on`): only this side of P1's paired runs (the worker with tracing off, or
+//!   on with the default sampler), to repeat one.
 //! - `BENCH_FULL=1`: P4 also reconstructs a 100k-event thread (several minutes against the local store).
 //! - `BENCH_ONLY=P1,P4`: run only these measurements.
 //! - `BENCH_P13=partitioned-cold,core-warm`: only these of P13's restarts (`<core|jetstream|partitioned>-<cold|warm>`).
@@ -15,6 +18,7 @@
 //! shared by the run. Progress goes to stderr, the table to stdout.
 
 mod data;
+mod otlp_sink;
 mod p10_pages;
 mod p11_feed;
 mod p12_witness;

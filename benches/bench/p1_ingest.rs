@@ -1,12 +1,21 @@
 //! P1: live ingest throughput of the worker against a bare async-nats subscriber receiving the same messages
-//! (target: >= 0.8 of bare and >= 100k events/s), plus the CPU cost of the worker's per-event path in-process.
+//! (target: >= 0.9 of bare and >= 100k events/s), the CPU cost of the worker's per-event path in-process, and what
+//! tracing costs the worker per event, paired (target: at most 3% more CPU per event with tracing on).
 //!
 //! The same pre-serialized messages (a marker then chunks, round-robin over the threads, as concurrent
-//! conversations stream) are published as fast as one publisher can, first to a bare subscriber in the bench
-//! process (counting messages, timed from the first publish to the last message received), then to a fresh worker
-//! (timed from the first publish to the scrape of `/metrics` that shows every message received). Five rounds,
-//! each side by side; each side's best rate among the rounds without dropped messages counts (the machine is
-//! shared, so the best round is the one least disturbed), and every round is shown.
+//! conversations stream), each with the `traceparent` header aihub's publisher sends (a fresh random trace and span
+//! id per message, flags `01`), are published as fast as one publisher can, first to a bare subscriber (a process of
+//! its own, counting messages, timed from the first publish to the last message received), then to a fresh worker
+//! with tracing off (no endpoint) and one with tracing on (the default sampler, exporting to an OTLP sink in the
+//! bench, [`crate::otlp_sink`]), each timed from the first publish to the scrape of `/metrics` that shows every
+//! message received. The two workers of a round run back to back, the first of them alternating by round, so that
+//! a slow drift of the shared machine weighs on both alike and cancels in their ratio. Six rounds
+//! (`BENCH_ROUNDS_P1`); `BENCH_P1=tracing-off` or `tracing-on` runs one side only.
+//!
+//! The throughput and CPU targets take the worker with tracing off (the default), or the one side run: each side's
+//! best rate among the rounds without dropped messages counts (the machine is shared, so the best round is the one
+//! least disturbed), and every round is shown. Tracing's cost is the median over the rounds of each round's on/off
+//! ratio of CPU per event, shown beside the off runs' round-to-round spread, the noise it is judged against.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,18 +29,76 @@ use chat_history_view::view::ThreadView;
 use futures_util::StreamExt;
 
 use crate::data::{self, Message};
+use crate::otlp_sink::{Exported, OtlpSink};
 use crate::report::{Row, fmt_count, progress};
 use crate::setup::Setup;
 
 const THREADS: usize = 1000;
-const ROUNDS: usize = 6;
-/// `HISTORY_VIEW_SHADOW_SAMPLE` of the worker, by round (cycled): the checks sample reads only, so ingest should
+/// `HISTORY_VIEW_SHADOW_SAMPLE` of the workers, by round (cycled): the checks sample reads only, so ingest should
 /// not notice them; the rounds show it side by side.
 const SAMPLES: [&str; 3] = ["0", "0.01", "1"];
 /// How often the worker's event counter is scraped; its finishing time is known to within this (plus a scrape).
 const POLL: Duration = Duration::from_millis(20);
 /// A side that receives nothing for this long has lost the missing messages (a slow consumer drop).
 const STALL: Duration = Duration::from_secs(3);
+/// The most CPU per event tracing on (the default sampler) may add to tracing off.
+const TRACING_BUDGET: f64 = 1.03;
+/// The median of n normal samples varies about this (√(π/2)) times their standard deviation over √n.
+const MEDIAN_SPREAD: f64 = 1.2533;
+
+/// The OTEL_* variables P1 sets on every worker, tracing off or on.
+const WORKER_TRACING_ENV: [&str; 4] = [
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_SDK_DISABLED",
+];
+
+/// The worker's tracing in one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tracing {
+    /// No OTLP endpoint: no exporter, no span.
+    Off,
+    /// An endpoint (the bench's sink) and the default sampler.
+    On,
+}
+
+impl Tracing {
+    const BOTH: [Tracing; 2] = [Tracing::Off, Tracing::On];
+
+    /// Its name in `BENCH_P1`.
+    fn key(self) -> &'static str {
+        match self {
+            Tracing::Off => "tracing-off",
+            Tracing::On => "tracing-on",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Tracing::Off => "off",
+            Tracing::On => "on",
+        }
+    }
+}
+
+/// The sides `BENCH_P1` selects (`tracing-off`, `tracing-on`, comma-separated), both when it is unset.
+fn selected_sides() -> Vec<Tracing> {
+    let only = std::env::var("BENCH_P1").ok();
+    let sides: Vec<Tracing> = Tracing::BOTH
+        .into_iter()
+        .filter(|side| {
+            only.as_ref()
+                .is_none_or(|only| only.split(',').any(|o| o.trim() == side.key()))
+        })
+        .collect();
+    assert!(
+        !sides.is_empty(),
+        "BENCH_P1={:?} selects no run: name tracing-off, tracing-on or both",
+        only.unwrap_or_default()
+    );
+    sides
+}
 
 /// One side's result.
 #[derive(Debug, Clone, Copy)]
@@ -48,27 +115,52 @@ impl Ingested {
     }
 }
 
-/// One round: the bare subscriber, then the worker, on the same messages.
-struct Round {
-    /// The worker's `HISTORY_VIEW_SHADOW_SAMPLE`.
-    sample: &'static str,
-    bare: Ingested,
-    worker: Ingested,
+/// One worker run of a round.
+struct WorkerRun {
+    tracing: Tracing,
+    ingested: Ingested,
     /// How fast the publisher went while feeding the worker.
     publish_rate: f64,
-    /// CPU time the worker process used in the round (every thread: NATS client, ingest, HTTP, cache upkeep).
-    worker_cpu: Duration,
+    /// CPU time the worker process used in the run (every thread: NATS client, ingest, HTTP, cache upkeep,
+    /// exporter).
+    cpu: Duration,
+    /// With tracing on: what the sink received from the worker by the time its CPU was read, and by its exit
+    /// (the exporter sends what it still holds when the worker stops).
+    exported: Option<(Exported, Exported)>,
+}
+
+impl WorkerRun {
+    fn cpu_per_event(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.ingested.received.max(1) as f64
+    }
+}
+
+/// One round: the bare subscriber, then the worker runs, on the same messages.
+struct Round {
+    /// The workers' `HISTORY_VIEW_SHADOW_SAMPLE`.
+    sample: &'static str,
+    bare: Ingested,
     /// CPU time the bare subscriber's process used receiving the round's messages.
     bare_cpu: Duration,
+    /// The round's worker runs, in the order they ran.
+    workers: Vec<WorkerRun>,
 }
 
 impl Round {
-    fn ratio(&self) -> f64 {
-        self.worker.rate() / self.bare.rate()
+    fn worker(&self, tracing: Tracing) -> Option<&WorkerRun> {
+        self.workers.iter().find(|run| run.tracing == tracing)
     }
 
-    fn worker_cpu_per_event(&self) -> f64 {
-        self.worker_cpu.as_secs_f64() * 1e6 / self.worker.received.max(1) as f64
+    /// The worker with `tracing`'s rate over the bare subscriber's.
+    fn ratio(&self, tracing: Tracing) -> f64 {
+        self.worker(tracing)
+            .map_or(0.0, |run| run.ingested.rate() / self.bare.rate())
+    }
+
+    /// CPU per event with tracing on over off, when the round ran both.
+    fn tracing_cpu_ratio(&self) -> Option<f64> {
+        let (off, on) = (self.worker(Tracing::Off)?, self.worker(Tracing::On)?);
+        Some(on.cpu_per_event() / off.cpu_per_event())
     }
 
     fn bare_cpu_per_event(&self) -> f64 {
@@ -76,7 +168,11 @@ impl Round {
     }
 
     fn complete(&self, n: usize) -> bool {
-        self.bare.received == n as u64 && self.worker.received == n as u64
+        self.bare.received == n as u64
+            && self
+                .workers
+                .iter()
+                .all(|run| run.ingested.received == n as u64)
     }
 
     fn describe(&self, n: usize) -> String {
@@ -91,30 +187,92 @@ impl Round {
                 String::new()
             }
         };
+        let workers: Vec<String> = self
+            .workers
+            .iter()
+            .map(|run| {
+                let exported = match run.exported {
+                    Some((measured, total)) => format!(
+                        ", exported {} requests / {:.0} KiB by then ({} / {:.0} KiB by its exit)",
+                        measured.requests,
+                        measured.bytes as f64 / 1024.0,
+                        total.requests,
+                        total.bytes as f64 / 1024.0
+                    ),
+                    None => String::new(),
+                };
+                format!(
+                    "worker tracing {} {}/s{} = {:.2}x, CPU {:.2} µs/event, publisher {}/s{exported}",
+                    run.tracing.label(),
+                    fmt_count(run.ingested.rate()),
+                    dropped(&run.ingested),
+                    run.ingested.rate() / self.bare.rate(),
+                    run.cpu_per_event(),
+                    fmt_count(run.publish_rate)
+                )
+            })
+            .collect();
+        let pair = self
+            .tracing_cpu_ratio()
+            .map_or(String::new(), |ratio| format!("; CPU on/off {ratio:.3}x"));
         format!(
-            "bare {}/s{}, worker (shadow sample {}) {}/s{} = {:.2}x; CPU per event: bare {:.2} µs, worker {:.2} µs; \
-             publisher to worker {}/s",
+            "shadow sample {}: bare {}/s{}, CPU {:.2} µs/event; {}{pair}",
+            self.sample,
             fmt_count(self.bare.rate()),
             dropped(&self.bare),
-            self.sample,
-            fmt_count(self.worker.rate()),
-            dropped(&self.worker),
-            self.ratio(),
             self.bare_cpu_per_event(),
-            self.worker_cpu_per_event(),
-            fmt_count(self.publish_rate)
+            workers.join("; ")
         )
     }
 }
 
+/// The median of `values` (the upper one of an even count); 0 when empty.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The standard deviation of `values` over their mean (0 for fewer than two).
+fn relative_spread(values: &[f64]) -> f64 {
+    if values.len() < 2 {
+        return 0.0;
+    }
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let variance =
+        values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (values.len() - 1) as f64;
+    variance.sqrt() / mean
+}
+
 pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
     let n = setup.settings.events_p1;
+    let rounds_wanted = setup.settings.rounds_p1;
+    let sides = selected_sides();
+    // The bench's own OTEL_* variables reach the workers (only HISTORY_VIEW_* ones are scrubbed). P1 sets those
+    // it can to what it measures ([`WORKER_TRACING_ENV`]); any other (a sampler, which the worker refuses empty, or
+    // the exporter's batching) would change what is measured.
+    let foreign: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| name.starts_with("OTEL_") && !WORKER_TRACING_ENV.contains(&name.as_str()))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "{foreign:?} set in the bench's environment would reach P1's workers: P1 measures the worker's default \
+         tracing; unset them"
+    );
     let threads = THREADS.min(n).max(1);
     progress(
         "P1",
-        &format!("serializing {n} events over {threads} threads"),
+        &format!(
+            "serializing {n} events over {threads} threads, a traceparent on each; {rounds_wanted} rounds, \
+             workers with tracing {}",
+            sides
+                .iter()
+                .map(|side| side.label())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ),
     );
-    let messages = messages(n);
+    let messages = traced_messages(n);
     let bytes: usize = messages
         .iter()
         .map(|m| m.subject.len() + m.payload.len())
@@ -126,20 +284,27 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
             bytes as f64 / (1 << 20) as f64
         ),
     );
+    let sink = OtlpSink::start().await;
 
     let mut rounds = Vec::new();
-    for number in 1..=ROUNDS {
+    for number in 1..=rounds_wanted {
         let (bare, bare_cpu) = bare_subscriber(&setup, &messages).await;
         let sample = SAMPLES[(number - 1) % SAMPLES.len()];
-        let (worker, published_in, worker_cpu) =
-            worker_ingest(&setup, &messages, number, sample).await;
+        // The first side alternates, so neither always runs on a machine the other has just warmed or loaded.
+        let mut order = sides.clone();
+        if number % 2 == 0 {
+            order.reverse();
+        }
+        let mut workers = Vec::new();
+        for tracing in order {
+            let database = format!("bench_p1_{number}_{}", tracing.label());
+            workers.push(worker_ingest(&setup, &messages, &database, sample, tracing, &sink).await);
+        }
         let round = Round {
             sample,
             bare,
-            worker,
-            publish_rate: n as f64 / published_in.as_secs_f64(),
-            worker_cpu,
             bare_cpu,
+            workers,
         };
         progress("P1", &format!("round {number}: {}", round.describe(n)));
         rounds.push(round);
@@ -151,23 +316,26 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
     );
     let path = PathCost::measure(&messages);
 
+    // The targets' worker: tracing off, the default, unless only the other side ran.
+    let main = sides[0];
     // Each side's best round is its capability with the least interference from the rest of the machine.
     let complete: Vec<&Round> = rounds.iter().filter(|r| r.complete(n)).collect();
-    let best_rate =
-        |side: fn(&Round) -> &Ingested| complete.iter().map(|r| side(r).rate()).fold(0.0, f64::max);
-    let (bare, worker) = (best_rate(|r| &r.bare), best_rate(|r| &r.worker));
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
-    let ratio = median(rounds.iter().map(Round::ratio).collect());
+    let bare = complete.iter().map(|r| r.bare.rate()).fold(0.0, f64::max);
+    let worker = complete
+        .iter()
+        .filter_map(|r| r.worker(main))
+        .map(|run| run.ingested.rate())
+        .fold(0.0, f64::max);
+    let ratio = median(rounds.iter().map(|r| r.ratio(main)).collect());
     let dropped = rounds.len() - complete.len();
     let verdict = Row::check(
         "P1",
         "live ingest vs bare async-nats subscriber",
         format!(
-            "median per-round ratio {ratio:.2}x; {dropped} of {ROUNDS} rounds dropped messages; best rounds: worker \
-             {}/s, bare {}/s",
+            "worker with tracing {}: median per-round ratio {ratio:.2}x; {dropped} of {} rounds dropped messages; \
+             best rounds: worker {}/s, bare {}/s",
+            main.label(),
+            rounds.len(),
             fmt_count(worker),
             fmt_count(bare),
         ),
@@ -176,15 +344,23 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
     );
     // Nothing but the client and the path should cost the worker CPU: the bare subscriber's CPU per event (the
     // client) plus the in-process path, with a quarter of headroom on the path.
-    let worker_cpu = median(rounds.iter().map(Round::worker_cpu_per_event).collect());
+    let cpu_of = |side: Tracing| -> Vec<f64> {
+        rounds
+            .iter()
+            .filter_map(|r| r.worker(side))
+            .map(WorkerRun::cpu_per_event)
+            .collect()
+    };
+    let worker_cpu = median(cpu_of(main));
     let bare_cpu = median(rounds.iter().map(Round::bare_cpu_per_event).collect());
     let limit = bare_cpu + 1.25 * path.total();
     let cpu_verdict = Row::check(
         "P1",
         "worker CPU per event (from the OS, per process)",
         format!(
-            "median {worker_cpu:.2} µs against bare {bare_cpu:.2} µs + 1.25 x path {:.2} µs = {limit:.2} µs \
-             (excess {:.2} µs)",
+            "tracing {}: median {worker_cpu:.2} µs against bare {bare_cpu:.2} µs + 1.25 x path {:.2} µs = \
+             {limit:.2} µs (excess {:.2} µs)",
+            main.label(),
             path.total(),
             worker_cpu - bare_cpu - path.total(),
         ),
@@ -192,6 +368,7 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
         worker_cpu <= limit,
     );
     let mut rows = vec![verdict, cpu_verdict];
+    rows.extend(tracing_rows(&rounds));
     rows.push(Row::info(
         "P1",
         "by HISTORY_VIEW_SHADOW_SAMPLE (reads only: ingest unaffected)",
@@ -201,7 +378,7 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
                 let mut of: Vec<f64> = rounds
                     .iter()
                     .filter(|r| r.sample == *sample && r.complete(n))
-                    .map(Round::ratio)
+                    .map(|r| r.ratio(main))
                     .collect();
                 of.sort_by(f64::total_cmp);
                 match of.last() {
@@ -225,7 +402,8 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
         "P1",
         "how the worker's time is taken",
         format!(
-            "first publish to the /metrics scrape showing all {n} (an upper bound: scraped every {} ms)",
+            "first publish to the /metrics scrape showing all {n} (an upper bound: scraped every {} ms); its CPU \
+             read then",
             POLL.as_millis()
         ),
     ));
@@ -244,9 +422,102 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
     rows
 }
 
-/// P1's `n` messages over its threads.
+/// Tracing's cost, when the rounds ran both sides: the median of the rounds' on/off ratios of CPU per event against
+/// the budget, the noise it is judged against, and throughput both ways.
+fn tracing_rows(rounds: &[Round]) -> Vec<Row> {
+    let ratios: Vec<f64> = rounds.iter().filter_map(Round::tracing_cpu_ratio).collect();
+    if ratios.is_empty() {
+        return Vec::new();
+    }
+    let side = |tracing: Tracing, of: fn(&WorkerRun) -> f64| -> Vec<f64> {
+        rounds
+            .iter()
+            .filter_map(|r| r.worker(tracing))
+            .map(of)
+            .collect()
+    };
+    let (off_cpu, on_cpu) = (
+        side(Tracing::Off, WorkerRun::cpu_per_event),
+        side(Tracing::On, WorkerRun::cpu_per_event),
+    );
+    let rate = |run: &WorkerRun| run.ingested.rate();
+    let (off_rate, on_rate) = (side(Tracing::Off, rate), side(Tracing::On, rate));
+    let cost = median(ratios.clone());
+    // The noise the median ratio is judged against (docs/benchmark.md, "P1: tracing off and on"): from the off runs
+    // alone, as if pairing took nothing away (a ratio of two runs then varies √2 times as much as one run), and from
+    // the paired ratios themselves, which shows what the pairing took away. The median of n values varies about
+    // MEDIAN_SPREAD / √n times as much as one.
+    let spread = relative_spread(&off_cpu);
+    let ratio_spread = relative_spread(&ratios);
+    let of_median = MEDIAN_SPREAD / (ratios.len() as f64).sqrt();
+    let min_max = |values: &[f64]| {
+        values.iter().fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| {
+            (lo.min(*v), hi.max(*v))
+        })
+    };
+    let (low, high) = min_max(&ratios);
+    let (off_low, off_high) = min_max(&off_cpu);
+    vec![
+        Row::check(
+            "P1",
+            "tracing on (default sampler) vs off: worker CPU per event",
+            format!(
+                "median of {} paired rounds {cost:.3}x (rounds {low:.3}x to {high:.3}x); medians on {:.2} µs, off \
+                 {:.2} µs",
+                ratios.len(),
+                median(on_cpu),
+                median(off_cpu.clone()),
+            ),
+            format!("<= {TRACING_BUDGET:.2}x, against the off runs' spread (next row)"),
+            cost <= TRACING_BUDGET,
+        ),
+        Row::info(
+            "P1",
+            "tracing off: round-to-round spread of worker CPU per event",
+            format!(
+                "off runs {off_low:.2} to {off_high:.2} µs, standard deviation {:.1}% of their mean: the median ratio \
+                 ±{:.1}% unpaired ({MEDIAN_SPREAD:.2} x √2 x {:.1}% / √{n}); the paired ratios' deviation {:.1}%: \
+                 ±{:.1}% paired",
+                spread * 100.0,
+                of_median * std::f64::consts::SQRT_2 * spread * 100.0,
+                spread * 100.0,
+                ratio_spread * 100.0,
+                of_median * ratio_spread * 100.0,
+                n = ratios.len(),
+            ),
+        ),
+        Row::info(
+            "P1",
+            "tracing on vs off: worker throughput",
+            format!(
+                "medians on {}/s, off {}/s; per-round on/off rate ratio median {:.2}x",
+                fmt_count(median(on_rate)),
+                fmt_count(median(off_rate)),
+                median(
+                    rounds
+                        .iter()
+                        .filter_map(|r| Some(
+                            r.worker(Tracing::On)?.ingested.rate()
+                                / r.worker(Tracing::Off)?.ingested.rate()
+                        ))
+                        .collect()
+                ),
+            ),
+        ),
+    ]
+}
+
+/// P1's `n` messages over its threads, without headers (P12 publishes them into a class stream).
 pub fn messages(n: usize) -> Arc<[Message]> {
     live_messages(n, THREADS.min(n).max(1)).into()
+}
+
+/// P1's `n` messages, each with the `traceparent` aihub's publisher sends.
+fn traced_messages(n: usize) -> Arc<[Message]> {
+    live_messages(n, THREADS.min(n).max(1))
+        .into_iter()
+        .map(Message::with_traceparent)
+        .collect()
 }
 
 /// `n` messages, round-robin over `threads` threads: each thread's first event is its marker, the rest chunks.
@@ -399,34 +670,52 @@ pub fn bare_subscriber_process(spec: &str) {
     });
 }
 
-/// Phase B: the same publish to a fresh worker, finished when its events counter (every outcome) reaches `n`.
+/// Phase B: the same publish to a fresh worker with `tracing`, finished when its events counter (every outcome)
+/// reaches `n`. With tracing on the worker exports to `sink`; it is stopped with SIGTERM afterwards, so that its
+/// exporter sends what it still holds.
 async fn worker_ingest(
     setup: &Setup,
     messages: &Arc<[Message]>,
-    round: usize,
+    database: &str,
     sample: &str,
-) -> (Ingested, Duration, Duration) {
-    let worker = setup
-        .start_worker(
-            &format!("bench_p1_{round}"),
-            &[("HISTORY_VIEW_SHADOW_SAMPLE", sample)],
-        )
-        .await;
+    tracing: Tracing,
+    sink: &OtlpSink,
+) -> WorkerRun {
+    // WORKER_TRACING_ENV, set either way, so that none of the bench's own variables decides: an empty endpoint is
+    // tracing off, an empty ratio the default sampler's (parent-based, 1% of roots).
+    let endpoint = match tracing {
+        Tracing::Off => "",
+        Tracing::On => sink.endpoint(),
+    };
+    let values = [endpoint, "", "", "false"];
+    let mut env = vec![("HISTORY_VIEW_SHADOW_SAMPLE", sample)];
+    env.extend(WORKER_TRACING_ENV.into_iter().zip(values));
+    let worker = setup.start_worker(database, &env).await;
     let expected = messages.len() as u64;
     let publisher = setup.nats_client().await;
+    let exported_before = sink.received();
     let cpu_before = worker.cpu_time();
     let started = Instant::now();
     let publishing = tokio::spawn(publish_all(publisher, Arc::clone(messages)));
     let finished = worker.wait_received(expected, POLL, STALL).await;
     let published_in = publishing.await.expect("the publisher task");
     let cpu = worker.cpu_time().saturating_sub(cpu_before);
+    let exported_measured = sink.received().since(exported_before);
     let scrape = worker.metrics().await;
+    worker.stop().await;
     let ingested = Ingested {
         received: scrape.events_received(),
         elapsed: finished - started,
         drops: scrape.drops(),
     };
-    (ingested, published_in, cpu)
+    WorkerRun {
+        tracing,
+        ingested,
+        publish_rate: messages.len() as f64 / published_in.as_secs_f64(),
+        cpu,
+        exported: (tracing == Tracing::On)
+            .then(|| (exported_measured, sink.received().since(exported_before))),
+    }
 }
 
 /// The worker's per-event CPU work without NATS or the cache, in µs per event, step by step: subject → key,

@@ -95,8 +95,10 @@ pub fn print_header(settings: &Settings) {
         settings.worker_bin.display()
     );
     println!(
-        "events:  P1 {} (BENCH_EVENTS_P1), P5 {} (BENCH_EVENTS_P5); P4 sizes 1k, 10k{}",
+        "events:  P1 {} (BENCH_EVENTS_P1) in {} rounds (BENCH_ROUNDS_P1), P5 {} (BENCH_EVENTS_P5); P4 sizes 1k, \
+         10k{}",
         settings.events_p1,
+        settings.rounds_p1,
         settings.events_p5,
         if settings.full {
             ", 100k (BENCH_FULL=1)"

@@ -25,6 +25,8 @@ pub struct Settings {
     pub worker_bin: PathBuf,
     /// Events streamed in P1 (`BENCH_EVENTS_P1`).
     pub events_p1: usize,
+    /// P1's rounds (`BENCH_ROUNDS_P1`, default 6): more rounds narrow the median of the tracing pairs' ratios.
+    pub rounds_p1: usize,
     /// Events streamed in P5 (`BENCH_EVENTS_P5`).
     pub events_p5: usize,
     /// Whether P4 also runs at 100k events (`BENCH_FULL=1`).
@@ -49,6 +51,7 @@ impl Settings {
         Self {
             worker_bin,
             events_p1: env_count("BENCH_EVENTS_P1", 200_000),
+            rounds_p1: env_count("BENCH_ROUNDS_P1", 6).max(1),
             events_p5: env_count("BENCH_EVENTS_P5", 1_000_000),
             full: std::env::var("BENCH_FULL").is_ok_and(|v| v == "1"),
             only: std::env::var("BENCH_ONLY").ok().map(|ids| {

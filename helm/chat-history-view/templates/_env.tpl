@@ -1,8 +1,9 @@
 {{/*
-The container's environment: every HISTORY_VIEW_* setting the chart passes, then extraEnv. An extraEnv entry
-replaces the chart's entry of the same name in place (never a second entry of one name: which of two wins is up
-to the kubelet's version), and the others are appended. No secret is ever a value here: the Mongo URI, the API
-token and the NATS credentials are files of the mounted Secret, named by the _FILE settings.
+The container's environment: every HISTORY_VIEW_* setting the chart passes (and the OTEL_* ones with tracing on),
+then extraEnv. An extraEnv entry replaces the chart's entry of the same name in place (never a second entry of one
+name: which of two wins is up to the kubelet's version), and the others are appended. No secret is ever a value
+here: the Mongo URI, the API token and the NATS credentials are files of the mounted Secret, named by the _FILE
+settings.
 */}}
 {{- define "chat-history-view.env" -}}
 {{- $chartEnv := include "chat-history-view.chartEnv" . | fromYamlArray }}
@@ -153,4 +154,56 @@ name, on every Kubernetes version (the pod-index label exists only from 1.28). *
   value: {{ .Values.config.inspector | quote }}
 - name: HISTORY_VIEW_LOG_FORMAT
   value: {{ .Values.config.logFormat | quote }}
+{{- include "chat-history-view.tracingEnv" . }}
+{{- end }}
+
+{{/*
+The tracing settings, only when tracing is on (an endpoint is set): the worker records nothing without one, and
+an empty OTEL_TRACES_SAMPLER would be refused, so an unset value is left out rather than rendered empty. The pod's
+name, namespace and node come from the downward API into K8S_* variables that OTEL_RESOURCE_ATTRIBUTES references
+(Kubernetes expands $(NAME) only for variables defined before it); the values' attributes come after the chart's,
+and the SDK keeps the last of one key.
+*/}}
+{{- define "chat-history-view.tracingEnv" -}}
+{{- $t := .Values.tracing }}
+{{- if or $t.endpoint $t.tracesEndpoint }}
+{{- if $t.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ $t.endpoint | quote }}
+{{- end }}
+{{- if $t.tracesEndpoint }}
+- name: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+  value: {{ $t.tracesEndpoint | quote }}
+{{- end }}
+{{- if $t.sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ $t.sampler | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" $t.samplerArg) }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ $t.samplerArg | toString | quote }}
+{{- end }}
+{{- if $t.serviceName }}
+- name: OTEL_SERVICE_NAME
+  value: {{ $t.serviceName | quote }}
+{{- end }}
+- name: K8S_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: K8S_NAMESPACE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: K8S_NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{- $attributes := list "k8s.pod.name=$(K8S_POD_NAME)" "k8s.namespace.name=$(K8S_NAMESPACE_NAME)" "k8s.node.name=$(K8S_NODE_NAME)" }}
+{{- range $key, $value := $t.resourceAttributes }}
+{{- $attributes = append $attributes (printf "%s=%s" $key $value) }}
+{{- end }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $attributes | quote }}
+{{- end }}
 {{- end }}

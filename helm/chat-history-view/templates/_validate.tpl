@@ -24,6 +24,11 @@ other, a secret where it would land in the Deployment, a grace period the shutdo
 {{- if regexMatch "://[^/?#,]*@" .Values.config.natsUrl }}
 {{- fail "config.natsUrl holds credentials (user@ or user:password@), which would be a plain value in the Deployment: set nats.auth (token or userPassword with nats.user) and put the secret in the Secret" }}
 {{- end }}
+{{- range $name, $url := dict "endpoint" .Values.tracing.endpoint "tracesEndpoint" .Values.tracing.tracesEndpoint }}
+{{- if regexMatch "://[^/?#]*@" $url }}
+{{- fail (printf "tracing.%s holds credentials (user@ or user:password@), which would be a plain value in the Deployment: send spans to a collector in the cluster, which holds the backend's credentials" $name) }}
+{{- end }}
+{{- end }}
 {{- $auth := .Values.nats.auth }}
 {{- if and (eq $auth "userPassword") (not .Values.nats.user) }}
 {{- fail "nats.auth=userPassword needs nats.user (the password is the Secret's natsPasswordKey)" }}
