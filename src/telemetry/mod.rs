@@ -99,6 +99,11 @@ where
             .with_tracer(tracer)
             .with_level(false)
             .with_target(false)
+            // Neither the code location, the thread nor busy and idle times per span: cost on every span, and
+            // nothing a trace backend needs to follow a read.
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
             .with_filter(Targets::new().with_target("chat_history_view", tracing::Level::TRACE))
     });
     let installed = tracing_subscriber::registry()

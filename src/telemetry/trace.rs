@@ -96,9 +96,9 @@ pub struct TraceSettings {
         value_name = "SAMPLER",
         long = "otel-traces-sampler",
         env = "OTEL_TRACES_SAMPLER",
-        value_enum
+        value_parser = sampler_kind
     )]
-    pub sampler: Option<SamplerKind>,
+    pub sampler: Option<Choice>,
     /// The ratio sampler's ratio, 0 to 1. Unset: 1 for a sampler named by OTEL_TRACES_SAMPLER, 0.01 by default.
     #[arg(
         id = "otel_traces_sampler_arg",
@@ -116,7 +116,7 @@ pub struct TraceSettings {
         env = "OTEL_SDK_DISABLED",
         default_value = "false",
         action = clap::ArgAction::Set,
-        value_parser = clap::builder::BoolishValueParser::new()
+        value_parser = boolish
     )]
     pub disabled: bool,
 }
@@ -134,6 +134,41 @@ fn endpoint(text: &str) -> Result<Endpoint, String> {
         return Err("an http:// or https:// URL with a host is required".into());
     }
     Ok(Endpoint(Some(url)))
+}
+
+/// A sampler named by `OTEL_TRACES_SAMPLER`, or nothing (an empty value counts as unset, as the specification
+/// says of every `OTEL_*` variable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice(Option<SamplerKind>);
+
+fn sampler_kind(text: &str) -> Result<Choice, String> {
+    use clap::ValueEnum;
+    if text.trim().is_empty() {
+        return Ok(Choice(None));
+    }
+    SamplerKind::from_str(text.trim(), false)
+        .map(|kind| Choice(Some(kind)))
+        .map_err(|_| {
+            let names: Vec<String> = SamplerKind::value_variants()
+                .iter()
+                .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_owned()))
+                .collect();
+            format!("one of {} is required", names.join(", "))
+        })
+}
+
+/// `OTEL_SDK_DISABLED`: true or false in the usual spellings; empty counts as unset (false).
+fn boolish(text: &str) -> Result<bool, String> {
+    if text.trim().is_empty() {
+        return Ok(false);
+    }
+    clap::builder::TypedValueParser::parse_ref(
+        &clap::builder::BoolishValueParser::new(),
+        &clap::Command::new("otel"),
+        None,
+        std::ffi::OsStr::new(text.trim()),
+    )
+    .map_err(|_| "true or false is required".to_owned())
 }
 
 /// A sampling ratio, 0 to 1, or nothing (an empty value).
@@ -168,7 +203,7 @@ impl TraceSettings {
     /// The configured sampler.
     pub fn sampler(&self) -> Sampler {
         let arg = self.sampler_arg.and_then(|r| r.0);
-        match self.sampler {
+        match self.sampler.and_then(|choice| choice.0) {
             None => Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
                 arg.unwrap_or(DEFAULT_ROOT_RATIO),
             ))),
@@ -373,6 +408,13 @@ pub fn inject(span: &tracing::Span, headers: &mut axum::http::HeaderMap) {
     }
     TraceContextPropagator::new()
         .inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers));
+    // The propagator writes an empty `tracestate` when the trace has none: W3C allows leaving it out.
+    if headers
+        .get("tracestate")
+        .is_some_and(|value| value.as_bytes().is_empty())
+    {
+        headers.remove("tracestate");
+    }
 }
 
 #[cfg(test)]
@@ -398,6 +440,20 @@ mod tests {
         assert_eq!(off.traces_url(), None);
         let empty = settings(&["--otel-exporter-otlp-endpoint", ""]).unwrap();
         assert_eq!(empty.traces_url(), None);
+        // Every empty OTEL_* value counts as unset, as a chart renders one it has no value for.
+        let blank = settings(&[
+            "--otel-traces-sampler",
+            "",
+            "--otel-traces-sampler-arg",
+            "",
+            "--otel-sdk-disabled",
+            "",
+            "--otel-exporter-otlp-endpoint",
+            "http://collector:4318",
+        ])
+        .unwrap();
+        assert!(blank.traces_url().is_some());
+        assert!(format!("{:?}", blank.sampler()).contains("0.01"));
         let base = settings(&["--otel-exporter-otlp-endpoint", "http://collector:4318/"]).unwrap();
         assert_eq!(
             base.traces_url().as_deref(),
