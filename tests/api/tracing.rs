@@ -2,18 +2,20 @@
 //! OTLP/HTTP to a receiver that decodes the real protobuf (`test_support::otlp`), and aihub's publisher played by the
 //! OpenTelemetry Python SDK with nats-py (`tests/tracing/publish.py`), its context in each message's headers.
 //!
-//! Each link of the trace is proved: a read's spans (server, `cache`, `hydrate`, the store queries) are in the
-//! caller's trace under its span, and the answer names the read's span; a read through a non-owner reaches the owner
-//! and its store in the same trace; an ingested event's `process` span is a root linked, never parented, to the
-//! publisher's span, for a sampled few of the events only by default; log lines inside a read carry its trace id;
-//! `explain` names the publisher's trace of each live event; without an endpoint nothing is exported and nothing
-//! names a trace.
+//! Each link of the trace is proved: a read's spans (server, `cache`, `hydrate`, the store queries, a wait for a run)
+//! are in the caller's trace under its span, and the answer names the read's span; a read through a non-owner
+//! reaches the owner and its store in the same trace; an ingested event's `process` span is a root linked, never
+//! parented, to the publisher's span, for a sampled few of the events only by default; a hydration and a fill link
+//! to the publishers of the live events they saw (at most 32); log lines inside a read carry its trace id; `explain`
+//! names the publisher's trace of each live event; without an endpoint nothing is exported and nothing names a
+//! trace.
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant};
 
 use chat_history_view::partition::owner;
+use chat_history_view::telemetry::trace::MAX_LINKS;
 use serde_json::{Value, json};
 use test_support::class_streams::create_class_streams;
 use test_support::otlp::{Link, OtlpReceiver, Span, SpanKind, StatusCode};
@@ -589,6 +591,114 @@ async fn a_read_with_a_traceparent_joins_the_callers_trace_down_to_the_store_the
         trace.iter().all(|s| s.name != "hydrate") && store_spans(&trace).is_empty(),
         "a read from memory hydrates nothing: {trace:#?}"
     );
+
+    // A read waiting for a run that does not finish: its wait is a span of the read.
+    let caller = Caller::new();
+    let traceparent = caller.traceparent();
+    let reply = worker
+        .api
+        .get(
+            &format!("{path}?wait_for_run=r-unfinished&wait_ms=200"),
+            &[("traceparent", traceparent.as_str())],
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-history-run-pending"), Some("r-unfinished"));
+    let server = traced
+        .server_span(SERVICE, &caller, &path, Some(&reply))
+        .await;
+    let trace = traced.trace(&caller.trace_id);
+    let wait = trace
+        .iter()
+        .find(|s| s.name == "wait_for_run")
+        .unwrap_or_else(|| panic!("no wait_for_run span in {trace:#?}"));
+    assert_eq!(wait.kind, SpanKind::Internal, "{wait}");
+    assert!(wait.descends_from(&server.span_id, &trace), "{wait}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hydration_links_to_the_publishers_of_the_live_events_it_merged_at_most_32() {
+    let traced = Traced::new().await;
+    let thread = "t-traced-hydrate-links";
+    traced
+        .scene
+        .store
+        .insert_rows(&[user_row(thread, "d1", "e0", 1, "Q")])
+        .await;
+    let worker = traced.worker(&[]).await;
+    // Live events of a thread not read yet: held in a partial view until a read hydrates it.
+    let events: Vec<Value> = (1..=40)
+        .map(|c| chunk_row(thread, "d1", "A", &format!("e{c}"), 1 + c, "x"))
+        .collect();
+    let published = publish_traced(&traced.scene.nats.url(), "always_on", &events, |_| false).await;
+    worker.api.wait_for_events(events.len() as u64).await;
+    let caller = Caller::new();
+    let reply = read(&worker.api, thread, &caller).await;
+    assert_eq!(reply.source(), Some("store"));
+    let hydrate = traced
+        .receiver
+        .wait_for("the read's hydrate span", |spans| {
+            spans
+                .iter()
+                .find(|s| s.trace_id == caller.trace_id && s.name == "hydrate")
+                .cloned()
+        })
+        .await;
+    let publishers: Vec<Link> = published.iter().map(Published::link).collect();
+    assert_eq!(hydrate.links.len(), MAX_LINKS, "{hydrate}");
+    for link in &hydrate.links {
+        assert!(
+            publishers.contains(link),
+            "a link to no publisher: {hydrate}"
+        );
+    }
+    let distinct: std::collections::BTreeSet<_> =
+        hydrate.links.iter().map(|l| &l.span_id).collect();
+    assert_eq!(distinct.len(), MAX_LINKS, "{hydrate}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_links_to_the_publisher_of_the_marker_that_made_its_display_visible() {
+    let traced = Traced::new().await;
+    let thread = "t-traced-fill-links";
+    let mut rows = answered(thread);
+    // An answer on a display no marker has made visible yet.
+    rows.push(chunk_row(thread, "d2", "A", "e4", 4, "A2"));
+    traced.scene.store.insert_rows(&rows).await;
+    // Every root sampled: the fill's span is recorded whether the event's span queued it or it is a root.
+    let worker = traced
+        .worker(&[("OTEL_TRACES_SAMPLER", "parentbased_always_on")])
+        .await;
+    read_until_cache(&worker.api, thread, "").await;
+    let marker = publish_traced(
+        &traced.scene.nats.url(),
+        "always_on",
+        &[user_row(thread, "d2", "e3", 3, "Q2")],
+        |_| false,
+    )
+    .await;
+    let expected = crate::helpers::turns(&[
+        ("user", "Q"),
+        ("assistant", "A"),
+        ("user", "Q2"),
+        ("assistant", "A2"),
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while read_until_cache(&worker.api, thread, "").await.json()["messages"] != expected {
+        assert!(Instant::now() < deadline, "the display was never filled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fill = traced
+        .receiver
+        .wait_for("a fill span linked to the marker's publisher", |spans| {
+            spans
+                .iter()
+                .find(|s| s.name == "fill" && s.links.contains(&marker[0].link()))
+                .cloned()
+        })
+        .await;
+    assert_eq!(fill.kind, SpanKind::Internal, "{fill}");
+    assert_eq!(fill.service, SERVICE, "{fill}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
