@@ -3,12 +3,12 @@
 //! OpenTelemetry Python SDK with nats-py (`tests/tracing/publish.py`), its context in each message's headers.
 //!
 //! Each link of the trace is proved: a read's spans (server, `cache`, `hydrate`, the store queries, a wait for a run)
-//! are in the caller's trace under its span, and the answer names the read's span; a read through a non-owner
-//! reaches the owner and its store in the same trace; an ingested event's `process` span is a root linked, never
-//! parented, to the publisher's span, for a sampled few of the events only by default; a hydration and a fill link
-//! to the publishers of the live events they saw (at most 32); log lines inside a read carry its trace id; `explain`
-//! names the publisher's trace of each live event; without an endpoint nothing is exported and nothing names a
-//! trace.
+//! are in the caller's trace under its span, and the answer names the read's span (a read the store fails is an
+//! error, down to its query); a read through a non-owner reaches the owner and its store in the same trace; an
+//! ingested event's `process` span is a root linked, never parented, to the publisher's span, for a sampled few of
+//! the events only by default; a hydration and a fill link to the publishers of the live events they saw (at most
+//! 32); log lines inside a read carry its trace id; `explain` names the publisher's trace of each live event; without
+//! an endpoint nothing is exported and nothing names a trace.
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, RandomState};
@@ -102,14 +102,27 @@ impl Traced {
         in_trace(&self.receiver.spans(), trace_id)
     }
 
-    /// Waits for the server span `caller`'s read of `path` made on `service` (a child of the caller's span), and
-    /// checks it: its name, kind and attributes, and, when `reply` is given, that the answer's `traceparent` names
-    /// it.
+    /// Waits for the server span of `caller`'s read of `path` made on `service` (a child of the caller's span), and
+    /// checks it: its name, kind and attributes (a status of 200), and, when `reply` is given, that the answer's
+    /// `traceparent` names it.
     async fn server_span(
         &self,
         service: &str,
         caller: &Caller,
         path: &str,
+        reply: Option<&Reply>,
+    ) -> Span {
+        self.server_span_with(service, caller, path, 200, reply)
+            .await
+    }
+
+    /// [`Traced::server_span`] of a read answered `status` (an error span for a 5xx).
+    async fn server_span_with(
+        &self,
+        service: &str,
+        caller: &Caller,
+        path: &str,
+        status: i64,
         reply: Option<&Reply>,
     ) -> Span {
         let what = format!(
@@ -133,8 +146,12 @@ impl Traced {
         assert_eq!(span.name, format!("GET {HISTORY_ROUTE}"), "{span}");
         assert_eq!(span.str("http.request.method"), Some("GET"), "{span}");
         assert_eq!(span.str("http.route"), Some(HISTORY_ROUTE), "{span}");
-        assert_eq!(span.int("http.response.status_code"), Some(200), "{span}");
-        assert_ne!(span.status, StatusCode::Error, "{span}");
+        assert_eq!(
+            span.int("http.response.status_code"),
+            Some(status),
+            "{span}"
+        );
+        assert_eq!(span.status == StatusCode::Error, status >= 500, "{span}");
         if let Some(reply) = reply {
             let traceparent = reply.header("traceparent").unwrap_or_else(|| {
                 panic!("the answer carries no traceparent: {:?}", reply.headers)
@@ -699,6 +716,39 @@ async fn a_fill_links_to_the_publisher_of_the_marker_that_made_its_display_visib
         .await;
     assert_eq!(fill.kind, SpanKind::Internal, "{fill}");
     assert_eq!(fill.service, SERVICE, "{fill}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_the_store_fails_is_an_error_span_down_to_its_query() {
+    let mut traced = Traced::new().await;
+    let worker = traced
+        .worker(&[("HISTORY_VIEW_STORE_TIMEOUT_MS", "1000")])
+        .await;
+    traced.scene.mongo.stop();
+    let thread = "t-traced-outage";
+    let path = history_path(thread);
+    let caller = Caller::new();
+    let traceparent = caller.traceparent();
+    let reply = worker
+        .api
+        .get(&path, &[("traceparent", traceparent.as_str())])
+        .await;
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    let server = traced
+        .server_span_with(SERVICE, &caller, &path, 503, Some(&reply))
+        .await;
+    let trace = traced.trace(&caller.trace_id);
+    let queries = store_spans(&trace);
+    assert!(!queries.is_empty(), "no store query span: {trace:#?}");
+    for query in queries {
+        assert!(query.descends_from(&server.span_id, &trace), "{query}");
+        assert_eq!(query.status, StatusCode::Error, "{query}");
+        assert!(
+            ["timeout", "unavailable", "failed", "rejected"]
+                .contains(&query.str("error.type").unwrap_or_default()),
+            "error.type is a store error's kind: {query}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
