@@ -14,7 +14,11 @@
 #            httpx-sse==0.4.3 (the clients the tests drive the worker's API with:
 #            tests/sdk/), pinned with their dependencies, and nats-jwt==0.2.2 with
 #            nkeys==0.2.1 (the operator, account and user JWTs of the creds-file test
-#            against nats-server in operator mode: tests/api/nats_auth.rs).
+#            against nats-server in operator mode: tests/api/nats_auth.rs), and
+#            the OpenTelemetry Python SDK, opentelemetry-api==1.45.2 with
+#            opentelemetry-sdk==1.45.2, and nats-py==2.16.0 (the tracing tests'
+#            publisher, which publishes as aihub does, trace context in the headers:
+#            tests/tracing/publish.py), pinned with their dependencies.
 #            It also installs Prometheus and promtool (for scripts/check-alerts.sh
 #            and the tests that scrape real workers) from Debian's `prometheus`
 #            package, pinned to 2.42.0+ds-5+b6, without installing it system-wide
@@ -87,6 +91,11 @@ OPENAI_VERSION="3.57.0"
 HTTPX_SSE_VERSION="0.4.3"
 NATS_JWT_VERSION="0.2.2"
 NKEYS_VERSION="0.2.1"
+# The tracing tests' publisher (tests/tracing/publish.py): aihub's NATS publisher, a producer span per publish and
+# W3C trace context injected into the headers by the SDK's own propagator.
+OTEL_API_VERSION="1.45.2"
+OTEL_SDK_VERSION="1.45.2"
+NATS_PY_VERSION="2.16.0"
 # Debian's package (bookworm), not PyPI: no wheel carries Prometheus. Its two
 # binaries are static Go programs, so the extracted files run as they are.
 PROMETHEUS_DEB_VERSION="2.42.0+ds-5+b6"
@@ -97,9 +106,9 @@ CHROMIUM_DEB_VERSION="148.0.7778.167-1~deb12u1"
 CHROMIUM_DIR="$TOOLS/chromium"
 CHROMIUM_LIBS="libdouble-conversion3 libflac12 libharfbuzz-subset0 libminizip1 libopenh264-7 libopus0 libpulse0
     libxnvctrl0 libasyncns0 libsndfile1 libogg0 libvorbis0a libvorbisenc2 libmp3lame0 libmpg123-0"
-# Versions of secantusdb's dependencies as resolved when this script was written,
-# so that a fresh machine gets the same set (pip constraints: they only pin, they
-# add nothing).
+# Versions of the pinned packages' dependencies (secantusdb's, the clients', the
+# OpenTelemetry SDK's) as resolved when they were added here, so that a fresh
+# machine gets the same set (pip constraints: they only pin, they add nothing).
 CONSTRAINTS="dnspython==2.9.2
 future==1.0.0
 numpy==2.4.6
@@ -131,7 +140,8 @@ pycparser==3.12
 pycryptodome==3.24.1
 pynacl==1.6.2
 pytz==2024.2
-typing-inspect==0.9.0"
+typing-inspect==0.9.0
+opentelemetry-semantic-conventions==0.66b2"
 
 DEFAULT_NATS_PORT=4222
 DEFAULT_MONGO_PORT=27017
@@ -180,13 +190,15 @@ EOF
 }
 
 # True when the tests' Python packages (the SDK clients; nats-jwt and nkeys, which make the operator-mode test's
-# JWTs) are installed at their pinned versions.
+# JWTs; the OpenTelemetry SDK and nats-py of the tracing tests' publisher) are installed at their pinned versions.
 clients_ok() {
     venv_usable || return 1
-    "$PY" - "$OPENAI_VERSION" "$HTTPX_SSE_VERSION" "$NATS_JWT_VERSION" "$NKEYS_VERSION" 2>/dev/null <<'EOF'
+    "$PY" - "$OPENAI_VERSION" "$HTTPX_SSE_VERSION" "$NATS_JWT_VERSION" "$NKEYS_VERSION" \
+        "$OTEL_API_VERSION" "$OTEL_SDK_VERSION" "$NATS_PY_VERSION" 2>/dev/null <<'EOF'
 import sys
 from importlib.metadata import version
-ok = (version("openai"), version("httpx-sse"), version("nats-jwt"), version("nkeys")) == tuple(sys.argv[1:5])
+names = ("openai", "httpx-sse", "nats-jwt", "nkeys", "opentelemetry-api", "opentelemetry-sdk", "nats-py")
+ok = tuple(version(name) for name in names) == tuple(sys.argv[1:8])
 sys.exit(0 if ok else 1)
 EOF
 }
@@ -326,11 +338,13 @@ ensure_installed() {
         fi
         [ "$what" = servers ] && exit 0
         if ! clients_ok; then
-            log "installing openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION nats-jwt==$NATS_JWT_VERSION nkeys==$NKEYS_VERSION into .tools/venv"
+            log "installing openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION nats-jwt==$NATS_JWT_VERSION nkeys==$NKEYS_VERSION opentelemetry-api==$OTEL_API_VERSION opentelemetry-sdk==$OTEL_SDK_VERSION nats-py==$NATS_PY_VERSION into .tools/venv"
             "$PY" -m pip install --disable-pip-version-check --no-input --quiet \
                 -c "$TOOLS/services-constraints.txt" \
                 "openai==$OPENAI_VERSION" "httpx-sse==$HTTPX_SSE_VERSION" \
-                "nats-jwt==$NATS_JWT_VERSION" "nkeys==$NKEYS_VERSION" >&2 ||
+                "nats-jwt==$NATS_JWT_VERSION" "nkeys==$NKEYS_VERSION" \
+                "opentelemetry-api==$OTEL_API_VERSION" "opentelemetry-sdk==$OTEL_SDK_VERSION" \
+                "nats-py==$NATS_PY_VERSION" >&2 ||
                 die "pip install of the tests' clients failed"
             clients_ok || die "installed clients do not match the pinned versions"
         fi

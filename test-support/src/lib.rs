@@ -5,6 +5,7 @@
 //! - [`servers`]: nats-server and the Mongo-wire server as guarded child processes;
 //! - [`proxy`]: a TCP proxy a test or the benchmark cuts or leaves half-open, to lose a link for certain;
 //! - [`worker`]: the worker binary as a guarded child process, configured by environment;
+//! - [`otlp`]: an OTLP/HTTP trace receiver that keeps the spans a worker exports;
 //! - [`rows`]: aihub's display events as persisted rows, their NATS subjects and payloads;
 //! - [`scrape`] and [`memory`]: reading `/metrics` and a process's memory and CPU time;
 //! - [`turns`] and [`hot_thread`]: the multi-turn read pattern and the hot-thread scenario (tests and P7, P8).
@@ -13,6 +14,7 @@ pub mod browser;
 pub mod class_streams;
 pub mod hot_thread;
 pub mod memory;
+pub mod otlp;
 pub mod process;
 pub mod proxy;
 pub mod rows;

@@ -78,8 +78,8 @@ pub struct Spec {
     pub program: OsString,
     pub args: Vec<OsString>,
     pub env: Vec<(OsString, OsString)>,
-    /// Variables of this process's environment that start with this prefix are not passed on.
-    pub scrub_env_prefix: Option<&'static str>,
+    /// Variables of this process's environment that start with one of these prefixes are not passed on.
+    pub scrub_env_prefixes: &'static [&'static str],
 }
 
 /// A guarded child process. Its temp dir (log, data, the program's own TMPDIR) is removed on drop.
@@ -143,11 +143,15 @@ impl Process {
             .open(&self.log)
             .expect("log file");
         let mut command = Command::new(&self.spec.program);
-        if let Some(prefix) = self.spec.scrub_env_prefix {
-            for (name, _) in std::env::vars_os() {
-                if name.to_string_lossy().starts_with(prefix) {
-                    command.env_remove(name);
-                }
+        for (name, _) in std::env::vars_os() {
+            let text = name.to_string_lossy();
+            if self
+                .spec
+                .scrub_env_prefixes
+                .iter()
+                .any(|p| text.starts_with(p))
+            {
+                command.env_remove(name);
             }
         }
         let child = command

@@ -31,7 +31,7 @@ fn spec(name: &'static str, program: PathBuf, args: Vec<String>) -> Spec {
         program: program.into(),
         args: args.into_iter().map(Into::into).collect(),
         env: Vec::new(),
-        scrub_env_prefix: None,
+        scrub_env_prefixes: &[],
     }
 }
 

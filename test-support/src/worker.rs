@@ -1,7 +1,7 @@
 //! The worker binary as a guarded child process, configured by environment as it is deployed: none of this
-//! process's own `HISTORY_VIEW_*` variables leak in, it listens on a free port of 127.0.0.1, logs JSON to a file in
-//! its temp dir, stops at once on SIGTERM (no shutdown delay unless a test sets one), hands over no hot set (unless a
-//! test turns it on), and counts as started once `/healthz` answers. Killed (SIGKILL) on drop.
+//! process's own `HISTORY_VIEW_*` and `OTEL_*` variables leak in, it listens on a free port of 127.0.0.1, logs JSON
+//! to a file in its temp dir, stops at once on SIGTERM (no shutdown delay unless a test sets one), hands over no hot
+//! set (unless a test turns it on), and counts as started once `/healthz` answers. Killed (SIGKILL) on drop.
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
@@ -69,7 +69,9 @@ impl WorkerProcess {
             program,
             args,
             env,
-            scrub_env_prefix: Some("HISTORY_VIEW_"),
+            // The OpenTelemetry variables too: a test's own environment (an OTEL_EXPORTER_OTLP_ENDPOINT, say)
+            // must not turn tracing on in a worker, nor a test of tracing depend on it.
+            scrub_env_prefixes: &["HISTORY_VIEW_", "OTEL_"],
         };
         Self {
             process: Process::start(spec, temp_dir("worker"), port, answers_healthz),

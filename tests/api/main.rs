@@ -75,3 +75,7 @@ mod sdk;
 mod feed;
 // Warm restarts: the hot set handed over through a NATS key-value bucket and hydrated before ready.
 mod warm;
+// Trace continuation: a read's spans in the caller's trace down to the store and through a forward, ingested events'
+// spans, hydrations and fills linked to aihub's publisher (the OpenTelemetry Python SDK), trace ids in logs and
+// explain, nothing without an endpoint.
+mod tracing;
