@@ -7,8 +7,9 @@
 //! error, down to its query); a read through a non-owner reaches the owner and its store in the same trace; an
 //! ingested event's `process` span is a root linked, never parented, to the publisher's span, for a sampled few of
 //! the events only by default; a hydration and a fill link to the publishers of the live events they saw (at most
-//! 32); log lines inside a read carry its trace id; `explain` names the publisher's trace of each live event; without
-//! an endpoint nothing is exported and nothing names a trace.
+//! 32); log lines inside a read carry its trace id; `explain` names the publisher's trace of each live event; a
+//! `traceparent` that is not valid, on a read or a message, joins or names nothing; without an endpoint nothing is
+//! exported and nothing names a trace.
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, RandomState};
@@ -239,6 +240,27 @@ fn with_malformed_chunk(thread: &str) -> Vec<Value> {
     let mut bad = chunk_row(thread, "d1", "A", "e2", 2, "x");
     bad["event_data"]["content"] = Value::from(12345);
     vec![user_row(thread, "d1", "e1", 1, "Q"), bad]
+}
+
+/// `traceparent` values of the right length (55 characters) that are not valid: an all-zero trace id, an all-zero
+/// span id, the forbidden version ff, flags that are not hex. A worker may keep such a value unread beside its
+/// event; whenever it reads it, it finds no context.
+const INVALID_TRACEPARENTS: [&str; 4] = [
+    "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+    "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-zz",
+];
+
+/// Publishes `row` as aihub does, with `traceparent` as its only header.
+async fn publish_with_traceparent(client: &async_nats::Client, row: &Value, traceparent: &str) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("traceparent", traceparent);
+    client
+        .publish_with_headers(rows::subject(row), headers, rows::payload(row).into())
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
 }
 
 /// One event as the publisher script published it.
@@ -672,6 +694,43 @@ async fn a_hydration_links_to_the_publishers_of_the_live_events_it_merged_at_mos
     let distinct: std::collections::BTreeSet<_> =
         hydrate.links.iter().map(|l| &l.span_id).collect();
     assert_eq!(distinct.len(), MAX_LINKS, "{hydrate}");
+
+    // Live events whose traceparent is not valid link to nothing: another thread's hydration links to its two
+    // valid publishers only, whatever span is current when the contexts are read.
+    let thread = "t-traced-hydrate-invalid";
+    traced
+        .scene
+        .store
+        .insert_rows(&[user_row(thread, "d1", "e0", 1, "Q")])
+        .await;
+    let valid: Vec<Value> = (1..=2)
+        .map(|c| chunk_row(thread, "d1", "A", &format!("e{c}"), 1 + c, "x"))
+        .collect();
+    let published = publish_traced(&traced.scene.nats.url(), "always_on", &valid, |_| false).await;
+    for (i, traceparent) in INVALID_TRACEPARENTS.iter().enumerate() {
+        let row = chunk_row(thread, "d1", "A", &format!("e{}", 10 + i), 10, "y");
+        publish_with_traceparent(&traced.scene.publisher, &row, traceparent).await;
+    }
+    worker
+        .api
+        .wait_for_events((events.len() + valid.len() + INVALID_TRACEPARENTS.len()) as u64)
+        .await;
+    let caller = Caller::new();
+    read(&worker.api, thread, &caller).await;
+    let hydrate = traced
+        .receiver
+        .wait_for("the second read's hydrate span", |spans| {
+            spans
+                .iter()
+                .find(|s| s.trace_id == caller.trace_id && s.name == "hydrate")
+                .cloned()
+        })
+        .await;
+    let mut links = hydrate.links.clone();
+    links.sort_by(|a, b| a.span_id.cmp(&b.span_id));
+    let mut expected: Vec<Link> = published.iter().map(Published::link).collect();
+    expected.sort_by(|a, b| a.span_id.cmp(&b.span_id));
+    assert_eq!(links, expected, "{hydrate}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -716,6 +775,46 @@ async fn a_fill_links_to_the_publisher_of_the_marker_that_made_its_display_visib
         .await;
     assert_eq!(fill.kind, SpanKind::Internal, "{fill}");
     assert_eq!(fill.service, SERVICE, "{fill}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_with_an_invalid_traceparent_is_answered_and_traced_as_a_root_of_its_own() {
+    let traced = Traced::new().await;
+    let thread = "t-traced-invalid";
+    traced.scene.store.insert_rows(&answered(thread)).await;
+    // Every root sampled: the read's span is exported whatever its parent.
+    let worker = traced
+        .worker(&[("OTEL_TRACES_SAMPLER", "parentbased_always_on")])
+        .await;
+    let path = history_path(thread);
+    for traceparent in [
+        "garbage",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",
+    ] {
+        let reply = worker.api.get(&path, &[("traceparent", traceparent)]).await;
+        assert_eq!(reply.status, 200, "{traceparent}: {}", reply.body);
+        let answered = reply
+            .header("traceparent")
+            .unwrap_or_else(|| panic!("{traceparent}: the answer carries no traceparent"));
+        let [_, trace_id, span_id, _] = traceparent_fields(answered);
+        assert!(
+            !"4bf92f3577b34da6a3ce929d0e0e4736".eq_ignore_ascii_case(trace_id),
+            "{traceparent}: the read joined an invalid context: {answered}"
+        );
+        let span = traced
+            .receiver
+            .wait_for(&format!("the read's span after {traceparent:?}"), |spans| {
+                spans.iter().find(|s| s.span_id == span_id).cloned()
+            })
+            .await;
+        assert_eq!(span.trace_id, trace_id, "{span}");
+        assert_eq!(span.kind, SpanKind::Server, "{span}");
+        assert_eq!(span.parent_span_id, None, "{traceparent}: a root: {span}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1037,7 +1136,19 @@ async fn explain_lists_the_publishers_trace_id_of_each_live_event_and_none_of_st
         &[chunk_row(thread, "d1", "A", "e5", 5, "D")],
     )
     .await;
-    // Explained once the view holds the three.
+    // Trace contexts that are not valid (one of another length, and those of the right length): the events count,
+    // and explain, reading a kept header inside its own read's span, finds no publisher in it.
+    let mut invalid = Vec::new();
+    for (i, traceparent) in std::iter::once("00-not-a-trace-01")
+        .chain(INVALID_TRACEPARENTS)
+        .enumerate()
+    {
+        let event_id = format!("e{}", 6 + i);
+        let row = chunk_row(thread, "d1", "A", &event_id, 6, "E");
+        publish_with_traceparent(&traced.scene.publisher, &row, traceparent).await;
+        invalid.push(event_id);
+    }
+    // Explained once the view holds them all.
     let deadline = Instant::now() + Duration::from_secs(20);
     let body = loop {
         let reply = explain(&worker.api, thread, "").await;
@@ -1050,7 +1161,11 @@ async fn explain_lists_the_publishers_trace_id_of_each_live_event_and_none_of_st
                     .any(|e| e["event_id"] == id && e["in_view"] == true)
             })
         };
-        if ["e3", "e4", "e5"].into_iter().all(held) {
+        if ["e3", "e4", "e5"]
+            .into_iter()
+            .chain(invalid.iter().map(String::as_str))
+            .all(held)
+        {
             break body;
         }
         assert!(
@@ -1084,6 +1199,13 @@ async fn explain_lists_the_publishers_trace_id_of_each_live_event_and_none_of_st
         None,
         "published without a traceparent: {body}"
     );
+    for event_id in &invalid {
+        assert_eq!(
+            publisher_trace(event_id),
+            None,
+            "published with an invalid traceparent: {body}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
