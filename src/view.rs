@@ -401,15 +401,16 @@ impl ThreadView {
             .map(|(slot, publisher)| (self.at_slot(*slot), publisher))
     }
 
-    /// The publisher contexts of the events held (only live events have any), the latest first, at most `limit`,
-    /// unread (copied out, so that the caller reads them after letting go of the view): what the span of a
-    /// hydration that merged them links to.
+    /// The valid publisher contexts of the events held (only live events have any), the latest first, at most
+    /// `limit`, copied out (so that the caller links them after letting go of the view): what the span of a
+    /// hydration that merged them links to. An invalid `traceparent` is skipped, not counted.
     pub fn recent_publishers(&self, limit: usize) -> Vec<PublisherContext> {
         self.publishers
             .iter()
             .rev()
-            .take(limit)
             .map(|(_, publisher)| *publisher)
+            .filter(|publisher| publisher.span_context().is_some())
+            .take(limit)
             .collect()
     }
 
@@ -422,8 +423,9 @@ impl ThreadView {
         self.publishers()
             .rev()
             .filter(|(event, _)| displays.iter().any(|d| **d == *event.key.display_id()))
-            .take(limit)
             .map(|(_, publisher)| *publisher)
+            .filter(|publisher| publisher.span_context().is_some())
+            .take(limit)
             .collect()
     }
 

@@ -384,7 +384,10 @@ impl Extractor for NatsHeaders<'_> {
 
 /// The publisher's span context a message carries (`traceparent`, with `tracestate`), if valid.
 pub fn publisher_context(headers: &async_nats::HeaderMap) -> Option<SpanContext> {
-    let cx = TraceContextPropagator::new().extract(&NatsHeaders(headers));
+    // From an empty context: `extract` starts from the current one and returns it unchanged for a header it cannot
+    // read, which inside a span would make that span's own context the publisher's.
+    let cx =
+        TraceContextPropagator::new().extract_with_context(&Context::new(), &NatsHeaders(headers));
     let span = cx.span();
     let context = span.span_context();
     context.is_valid().then(|| context.clone())
@@ -392,7 +395,10 @@ pub fn publisher_context(headers: &async_nats::HeaderMap) -> Option<SpanContext>
 
 /// The caller's context an HTTP request carries (`traceparent`, with `tracestate`); an empty context without one.
 pub fn caller_context(headers: &axum::http::HeaderMap) -> Context {
-    TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers))
+    TraceContextPropagator::new().extract_with_context(
+        &Context::new(),
+        &opentelemetry_http::HeaderExtractor(headers),
+    )
 }
 
 /// Writes `span`'s context as `traceparent` (and `tracestate`) into `headers`: a forwarded request's, so that the
