@@ -95,10 +95,9 @@ impl Ingest {
             if let Some(publisher) = &publisher {
                 span.add_link(publisher.clone());
             }
-            // Kept as every event's is (valid: the propagator has just read it).
-            let kept = publisher
-                .as_ref()
-                .and_then(|_| headers.and_then(PublisherContext::from_headers));
+            // Kept as every event's is, from the context the propagator has just read rather than by finding the
+            // header a second time.
+            let kept = publisher.as_ref().map(PublisherContext::from);
             self.apply(subject, payload, move || kept)
                 .instrument(span)
                 .await
