@@ -42,6 +42,7 @@ pub mod explain;
 pub mod freshness;
 pub mod http;
 pub mod ingest;
+pub mod memory;
 pub mod metrics;
 pub mod partition;
 pub mod project;

@@ -159,7 +159,7 @@ impl DeliveryKey {
 
     /// Heap bytes held by this key, for the cache weigher.
     pub fn heap_bytes(&self) -> usize {
-        self.buf.len()
+        crate::memory::allocated(self.buf.len())
     }
 }
 

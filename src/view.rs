@@ -19,6 +19,7 @@ use opentelemetry::trace::SpanContext;
 
 use crate::coverage::Epoch;
 use crate::decode::ViewEvent;
+use crate::memory::allocated;
 use crate::project::{self, Identity, Projection, Trace};
 use crate::subject::DeliveryKey;
 use crate::telemetry::trace::{NatsHeaders, publisher_context};
@@ -41,10 +42,8 @@ pub enum Inserted {
     Duplicate,
 }
 
-/// Fixed per-view overhead for the weigher (the struct, its vectors' and tables' headers).
-const VIEW_OVERHEAD_BYTES: usize = 256;
-/// Per-event bookkeeping beyond the event itself: its slot in the key index (with the table's spare capacity) and
-/// in the projection order.
+/// Per-event bookkeeping beyond the event itself, for a store read's byte budget: its slot in the key index (with
+/// the table's spare capacity) and in the projection order.
 const BOOKKEEPING_BYTES: usize = 20;
 /// Marks a slot of [`ThreadView::index`] as a position in `rejected` rather than in `events`.
 const REJECTED: u32 = 1 << 31;
@@ -132,30 +131,19 @@ pub struct ThreadView {
     /// since the last projection and are sorted in by the next one.
     order: Vec<u32>,
     sorted: usize,
-    /// Events that failed ordering validation: never projected, but they count for visibility and are warned
-    /// about once visible. Unique keys.
-    rejected: Vec<ViewEvent>,
     /// Every key held, as its position in `events` (or in `rejected`, tagged with [`REJECTED`]) in the low 32 bits
     /// and 32 bits of its key's hash in the high ones ([`indexed`]): duplicate checks compare keys exactly, in O(1),
     /// and the table grows without hashing a key again.
     index: HashTable<u64>,
-    /// The publisher contexts of the live events whose message carried one while tracing was on, by slot (as in
-    /// `index`; slots never change), in arrival order. Empty, and unallocated, until the first such event: always
-    /// while tracing is off, and for store rows. Charged to `bytes` by capacity.
-    publishers: Vec<(u32, PublisherContext)>,
-    /// Approximate heap and inline bytes held, for the cache's byte budget.
-    bytes: usize,
+    /// The heap bytes of the events and displays held, as allocated ([`crate::memory::allocated`]); the
+    /// containers' are counted from their capacities ([`ThreadView::bytes`]).
+    heap: usize,
     /// The coverage epoch the view became complete at; `None` while partial. A later gap, or a removal in the
     /// thread's bucket, changes the current epoch and so makes the view partial without visiting it.
     complete_at: Option<Epoch>,
-    /// Displays whose stored events the view has read (those visible at the last hydration, and those filled
-    /// since). A marker landing live on any other display may reveal events persisted before, which the view never
-    /// fetched.
-    covered: HashSet<Box<str>>,
-    /// Displays with a marker held but not covered: until they are filled (or hydrated), the view is not complete.
-    /// Tracked only once the view has been hydrated (before that it is partial anyway, and most views streamed in
-    /// live are never read, so they carry no such set).
-    uncovered: HashSet<Box<str>>,
+    /// What few views hold, allocated with the first of it: a view streamed in live without rejected events,
+    /// publisher contexts or covered displays (most views) carries one pointer for them.
+    extra: Option<Box<Extra>>,
     /// Whether the view was built by a hydration (so `covered` means something).
     hydrated: bool,
     /// Set when an insert made a display uncovered while the view was complete: the cache fills it (see
@@ -165,19 +153,36 @@ pub struct ThreadView {
     version: u64,
 }
 
+/// The parts of a view that few views hold ([`ThreadView::extra`]).
+#[derive(Debug, Clone, Default)]
+struct Extra {
+    /// Events that failed ordering validation: never projected, but they count for visibility and are warned
+    /// about once visible. Unique keys.
+    rejected: Vec<ViewEvent>,
+    /// The publisher contexts of the live events whose message carried one while tracing was on, by slot (as in
+    /// `index`; slots never change), in arrival order. Empty while tracing is off, and for store rows. Charged to
+    /// `bytes` by capacity.
+    publishers: Vec<(u32, PublisherContext)>,
+    /// Displays whose stored events the view has read (those visible at the last hydration, and those filled
+    /// since). A marker landing live on any other display may reveal events persisted before, which the view never
+    /// fetched.
+    covered: HashSet<Box<str>>,
+    /// Displays with a marker held but not covered: until they are filled (or hydrated), the view is not complete.
+    /// Tracked only once the view has been hydrated (before that it is partial anyway, and most views streamed in
+    /// live are never read, so they carry no such set).
+    uncovered: HashSet<Box<str>>,
+}
+
 impl Default for ThreadView {
     fn default() -> Self {
         Self {
             events: Vec::new(),
             order: Vec::new(),
             sorted: 0,
-            rejected: Vec::new(),
             index: HashTable::new(),
-            publishers: Vec::new(),
-            bytes: VIEW_OVERHEAD_BYTES,
+            extra: None,
+            heap: 0,
             complete_at: None,
-            covered: HashSet::new(),
-            uncovered: HashSet::new(),
             hydrated: false,
             fill_due: false,
             version: 0,
@@ -206,14 +211,25 @@ fn sort_key(event: &ViewEvent) -> (i64, &DeliveryKey) {
     (event.created_at.unwrap_or(i64::MIN), &event.key)
 }
 
-/// A covered display's bytes as a view holds it.
+/// A covered display's bytes as a view holds it (its string and its slot in a set), for a store read's budget.
 pub fn display_bytes(display: &str) -> usize {
-    display.len() + 32
+    allocated(display.len()) + 32
 }
 
 /// An event's bytes as a view holds it (for the cache's budget and the per-thread limit).
 pub fn event_bytes(event: &ViewEvent) -> usize {
     std::mem::size_of::<ViewEvent>() + event.heap_bytes() + BOOKKEEPING_BYTES
+}
+
+/// Makes room for one more event. A full vector grows by half its length (at least 4), to the end of the
+/// allocator's size class, instead of doubling: its spare room is a sixth of its events on average rather than
+/// about a third, for one more copy of the events per three appended (a memcpy), still amortised O(1).
+fn reserve_one(events: &mut Vec<ViewEvent>) {
+    if events.len() == events.capacity() {
+        let size = std::mem::size_of::<ViewEvent>();
+        let wanted = events.len() + (events.len() / 2).max(4);
+        events.reserve_exact(allocated(wanted * size) / size - events.len());
+    }
 }
 
 /// A position as stored in the index and the order. A view would need 2^31 events (hundreds of GiB) to overflow
@@ -251,8 +267,11 @@ impl ThreadView {
     ) -> Self {
         let mut view = ThreadView::new();
         view.hydrated = true;
-        view.covered = covered.into_iter().map(String::into_boxed_str).collect();
-        view.bytes += view.covered.iter().map(|d| display_bytes(d)).sum::<usize>();
+        let covered: HashSet<Box<str>> = covered.into_iter().map(String::into_boxed_str).collect();
+        if !covered.is_empty() {
+            view.heap += covered.iter().map(|d| allocated(d.len())).sum::<usize>();
+            view.extra_mut().covered = covered;
+        }
         for event in store_events {
             view.insert(event);
         }
@@ -271,9 +290,10 @@ impl ThreadView {
         store_events: impl IntoIterator<Item = ViewEvent>,
     ) {
         for display in displays {
-            self.uncovered.remove(display);
-            if self.covered.insert(display.clone()) {
-                self.bytes += display_bytes(display);
+            let extra = self.extra_mut();
+            extra.uncovered.remove(display);
+            if extra.covered.insert(display.clone()) {
+                self.heap += allocated(display.len());
             }
         }
         for event in store_events {
@@ -286,15 +306,16 @@ impl ThreadView {
     /// already held as a store row (which has none) gives the row its context, since it is the same event. The
     /// view must hold no context of its own yet (a hydration's store rows), so no slot gets two.
     fn merge(&mut self, other: ThreadView) {
-        let mut publishers = other.publishers;
+        let Extra {
+            rejected,
+            mut publishers,
+            ..
+        } = other.extra.map(|extra| *extra).unwrap_or_default();
         // Slot order is the order the events are taken below: `events` by position, then `rejected` (tagged).
         publishers.sort_unstable_by_key(|&(slot, _)| slot);
         let mut publishers = publishers.into_iter().peekable();
         let valid = other.events.into_iter().zip(0u32..);
-        let rejected = other
-            .rejected
-            .into_iter()
-            .zip((0u32..).map(|at| at | REJECTED));
+        let rejected = rejected.into_iter().zip((0u32..).map(|at| at | REJECTED));
         for (event, old) in valid.chain(rejected) {
             let (_, slot) = self.insert_slot(event);
             if let Some((_, publisher)) = publishers.next_if(|&(at, _)| at == old) {
@@ -323,29 +344,26 @@ impl ThreadView {
         inserted
     }
 
-    /// Keeps `publisher` as the context of the event at `slot`, charging the table's growth.
+    /// Keeps `publisher` as the context of the event at `slot`.
     fn attach(&mut self, slot: u32, publisher: PublisherContext) {
-        let capacity = self.publishers.capacity();
-        self.publishers.push((slot, publisher));
-        self.bytes += (self.publishers.capacity() - capacity) * PUBLISHER_ROW_BYTES;
+        self.extra_mut().publishers.push((slot, publisher));
     }
 
     /// Inserts one event; returns what the insert did and the slot of the event held under its key (the new one,
     /// or the one it duplicates).
     fn insert_slot(&mut self, event: ViewEvent) -> (Inserted, u32) {
-        if self.hydrated
-            && event.is_marker()
-            && !self.covered.contains(event.key.display_id())
-            && !self.uncovered.contains(event.key.display_id())
-        {
-            let display: Box<str> = event.key.display_id().into();
-            self.bytes += display_bytes(&display);
-            self.uncovered.insert(display);
-            self.fill_due |= self.complete_at.is_some();
+        if self.hydrated && event.is_marker() {
+            let display = event.key.display_id();
+            let extra = self.extra_mut();
+            if !extra.covered.contains(display) && !extra.uncovered.contains(display) {
+                extra.uncovered.insert(display.into());
+                self.heap += allocated(display.len());
+                self.fill_due |= self.complete_at.is_some();
+            }
         }
         let hash = key_hash(&event.key);
         let valid = project::validate(&event).ok();
-        let (events, rejected) = (&self.events, &self.rejected);
+        let (events, rejected) = (&self.events, self.rejected());
         let held = |entry: &u64| {
             let slot = *entry as u32;
             (entry >> 32) as u32 == hash
@@ -355,7 +373,7 @@ impl ThreadView {
         if let Some(&entry) = self.index.find(table_hash(hash), held) {
             return (Inserted::Duplicate, entry as u32);
         }
-        self.bytes += event_bytes(&event);
+        self.heap += event.heap_bytes();
         let slot = match valid {
             Some(created_at) => {
                 let at = position(self.events.len());
@@ -364,6 +382,7 @@ impl ThreadView {
                     && self.order.last().is_none_or(|&last| {
                         sort_key(&self.events[last as usize]) < (created_at, &event.key)
                     });
+                reserve_one(&mut self.events);
                 self.events.push(event);
                 self.order.push(at);
                 if in_order {
@@ -372,8 +391,9 @@ impl ThreadView {
                 at
             }
             None => {
-                let at = position(self.rejected.len()) | REJECTED;
-                self.rejected.push(event);
+                let rejected = &mut self.extra_mut().rejected;
+                let at = position(rejected.len()) | REJECTED;
+                rejected.push(event);
                 at
             }
         };
@@ -390,13 +410,33 @@ impl ThreadView {
         if slot & REJECTED == 0 {
             &self.events[slot as usize]
         } else {
-            &self.rejected[(slot & !REJECTED) as usize]
+            &self.rejected()[(slot & !REJECTED) as usize]
         }
+    }
+
+    /// The parts few views hold, allocated with the first of them.
+    fn extra_mut(&mut self) -> &mut Extra {
+        self.extra.get_or_insert_with(Box::default)
+    }
+
+    /// The events that failed ordering validation.
+    fn rejected(&self) -> &[ViewEvent] {
+        self.extra.as_ref().map_or(&[], |extra| &extra.rejected)
+    }
+
+    /// The publisher contexts by slot.
+    fn publisher_table(&self) -> &[(u32, PublisherContext)] {
+        self.extra.as_ref().map_or(&[], |extra| &extra.publishers)
+    }
+
+    /// The displays a marker made visible whose stored events were not read yet.
+    fn uncovered(&self) -> Option<&HashSet<Box<str>>> {
+        self.extra.as_ref().map(|extra| &extra.uncovered)
     }
 
     /// Every event held with a publisher context, and that context, in the order the contexts arrived.
     pub fn publishers(&self) -> impl DoubleEndedIterator<Item = (&ViewEvent, &PublisherContext)> {
-        self.publishers
+        self.publisher_table()
             .iter()
             .map(|(slot, publisher)| (self.at_slot(*slot), publisher))
     }
@@ -405,7 +445,7 @@ impl ThreadView {
     /// `limit`, copied out (so that the caller links them after letting go of the view): what the span of a
     /// hydration that merged them links to. An invalid `traceparent` is skipped, not counted.
     pub fn recent_publishers(&self, limit: usize) -> Vec<PublisherContext> {
-        self.publishers
+        self.publisher_table()
             .iter()
             .rev()
             .map(|(_, publisher)| *publisher)
@@ -441,7 +481,7 @@ impl ThreadView {
         debug_assert_eq!(self.sorted, self.order.len(), "sorted before projecting");
         let events = &self.events;
         let ordered = self.order.iter().map(|&at| &events[at as usize]);
-        project::project_view(ordered, &self.rejected, primary)
+        project::project_view(ordered, self.rejected(), primary)
     }
 
     /// [`ThreadView::project`] with every event's fate ([`project::project_view_traced`]); the view must be sorted
@@ -450,7 +490,7 @@ impl ThreadView {
         debug_assert_eq!(self.sorted, self.order.len(), "sorted before projecting");
         let events = &self.events;
         let ordered = self.order.iter().map(|&at| &events[at as usize]);
-        project::project_view_traced(ordered, &self.rejected, primary)
+        project::project_view_traced(ordered, self.rejected(), primary)
     }
 
     /// Sorts the projection order. The sorted part is one run, so the sort costs O(n + k log k) for k events
@@ -468,7 +508,7 @@ impl ThreadView {
     /// The view's state when the thread's coverage epoch is `current`: complete only if it was completed at that
     /// epoch and every display a marker made visible has been read.
     pub fn state(&self, current: Epoch) -> ViewState {
-        if self.complete_at == Some(current) && self.uncovered.is_empty() {
+        if self.complete_at == Some(current) && self.uncovered().is_none_or(HashSet::is_empty) {
             ViewState::Complete
         } else {
             ViewState::Partial
@@ -485,12 +525,12 @@ impl ThreadView {
     /// Whether the view is complete as of `current` but for displays a marker made visible that were not read
     /// yet: a fill of [`ThreadView::uncovered_displays`] completes it.
     pub fn needs_fill(&self, current: Epoch) -> bool {
-        self.complete_at == Some(current) && !self.uncovered.is_empty()
+        self.complete_at == Some(current) && self.uncovered().is_some_and(|u| !u.is_empty())
     }
 
     /// The displays a marker made visible whose stored events were not read yet.
     pub fn uncovered_displays(&self) -> Vec<Box<str>> {
-        self.uncovered.iter().cloned().collect()
+        self.uncovered().into_iter().flatten().cloned().collect()
     }
 
     /// Whether an insert since the last call made a display uncovered while the view was complete (clears it).
@@ -519,21 +559,112 @@ impl ThreadView {
 
     /// Every event held, in no particular order (the rejected ones included: they count for visibility).
     pub fn events(&self) -> impl Iterator<Item = &ViewEvent> + Clone {
-        self.events.iter().chain(&self.rejected)
+        self.events.iter().chain(self.rejected())
     }
 
     /// Number of distinct events held.
     pub fn len(&self) -> usize {
-        self.events.len() + self.rejected.len()
+        self.events.len() + self.rejected().len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Approximate bytes held, for the cache weigher.
+    /// The bytes held, for the cache's weigher: the view's struct, its containers by capacity and its events'
+    /// and displays' heap, each allocation as the allocator rounds it. O(1): what P5's breakdown measures
+    /// ([`ThreadView::footprint`]), without visiting the events.
     pub fn bytes(&self) -> usize {
-        self.bytes
+        let event = std::mem::size_of::<ViewEvent>();
+        let extra = self.extra.as_deref().map_or(0, |extra| {
+            allocated(std::mem::size_of::<Extra>())
+                + allocated(extra.rejected.capacity() * event)
+                + allocated(extra.publishers.capacity() * PUBLISHER_ROW_BYTES)
+                + set_table(&extra.covered)
+                + set_table(&extra.uncovered)
+        });
+        std::mem::size_of::<Self>()
+            + self.heap
+            + allocated(self.events.capacity() * event)
+            + allocated(self.order.capacity() * std::mem::size_of::<u32>())
+            + allocated(self.index.allocation_size())
+            + extra
+    }
+
+    /// What the view holds, part by part, from its containers' capacities and its events' heap: what the
+    /// benchmark's memory breakdown reports (P5, [design 7](../docs/design.md#7)). O(events).
+    pub fn footprint(&self) -> Footprint {
+        let (mut keys, mut bodies) = (0, 0);
+        for event in self.events() {
+            let key = event.key.heap_bytes();
+            keys += key;
+            bodies += event.heap_bytes() - key;
+        }
+        fn set(set: &HashSet<Box<str>>) -> usize {
+            set.iter().map(|d| allocated(d.len())).sum::<usize>() + set_table(set)
+        }
+        let extra = self.extra.as_deref();
+        let extra_part = |part: fn(&Extra) -> usize| extra.map_or(0, part);
+        let event = std::mem::size_of::<ViewEvent>();
+        Footprint {
+            fixed: std::mem::size_of::<Self>()
+                + extra_part(|_| allocated(std::mem::size_of::<Extra>())),
+            events: allocated(self.events.capacity() * event)
+                + extra_part(|e| {
+                    allocated(e.rejected.capacity() * std::mem::size_of::<ViewEvent>())
+                }),
+            keys,
+            bodies,
+            order: allocated(self.order.capacity() * std::mem::size_of::<u32>()),
+            index: allocated(self.index.allocation_size()),
+            displays: extra_part(|e| set(&e.covered) + set(&e.uncovered)),
+            publishers: extra_part(|e| allocated(e.publishers.capacity() * PUBLISHER_ROW_BYTES)),
+        }
+    }
+}
+
+/// The bytes of a set's table (its slots and control bytes), as hashbrown sizes it for its capacity.
+fn set_table(set: &HashSet<Box<str>>) -> usize {
+    match set.capacity() {
+        0 => 0,
+        capacity => {
+            let buckets = (capacity * 8 / 7).next_power_of_two();
+            allocated(buckets * (std::mem::size_of::<Box<str>>() + 1) + 16)
+        }
+    }
+}
+
+/// A view's bytes by part ([`ThreadView::footprint`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// The view's own struct (inline in its cache entry).
+    pub fixed: usize,
+    /// The events' inline parts, by the capacity of their vectors.
+    pub events: usize,
+    /// The delivery keys' heap (the 8 fields back to back).
+    pub keys: usize,
+    /// The bodies' heap (texts, content parts).
+    pub bodies: usize,
+    /// The projection order.
+    pub order: usize,
+    /// The dedup index.
+    pub index: usize,
+    /// The covered and uncovered displays.
+    pub displays: usize,
+    /// The publishers' trace contexts.
+    pub publishers: usize,
+}
+
+impl Footprint {
+    pub fn total(&self) -> usize {
+        self.fixed
+            + self.events
+            + self.keys
+            + self.bodies
+            + self.order
+            + self.index
+            + self.displays
+            + self.publishers
     }
 }
 
@@ -586,6 +717,38 @@ mod tests {
     }
 
     #[test]
+    fn a_views_bytes_are_its_parts_by_capacity_as_allocated() {
+        let mut view = ThreadView::new();
+        assert_eq!(view.bytes(), std::mem::size_of::<ThreadView>());
+        assert_eq!(view.footprint().total(), view.bytes());
+        for i in 0..37 {
+            view.insert(chunk(&format!("e{i}"), json!(i), &"x".repeat(i)));
+        }
+        view.insert(chunk("bad", json!("bad"), "B"));
+        let footprint = view.footprint();
+        assert_eq!(footprint.total(), view.bytes());
+        // Capacities, not lengths: 37 events sit in a vector grown by half each time to its size class (4, 8, 14,
+        // 23, 34, 58 with 88-byte events), where doubling would have made it 64; the rejected one in a vector of 4.
+        let size = std::mem::size_of::<ViewEvent>();
+        assert_eq!(view.events.capacity(), allocated(51 * size) / size);
+        assert!(view.events.capacity() < 64);
+        assert_eq!(
+            footprint.events,
+            allocated(view.events.capacity() * size) + allocated(4 * size)
+        );
+        // Each key is one allocation, rounded to its size class.
+        let keys: usize = view.events().map(|e| allocated(e.key.heap_bytes())).sum();
+        assert_eq!(footprint.keys, keys);
+        // A hydration's covered displays and a marker's uncovered one count too.
+        let mut view = ThreadView::hydrated([], ["d".to_owned(), "e".repeat(40)], view);
+        assert_eq!(view.footprint().total(), view.bytes());
+        let before = view.bytes();
+        view.fill(&["f".into()], []);
+        assert!(view.bytes() > before);
+        assert_eq!(view.footprint().total(), view.bytes());
+    }
+
+    #[test]
     fn malformed_ordering_metadata_is_held_apart_and_deduplicated() {
         let mut view = ThreadView::new();
         assert_eq!(view.insert(chunk("x", json!("bad"), "X")), Inserted::Added);
@@ -593,7 +756,7 @@ mod tests {
             view.insert(chunk("x", json!("bad"), "X")),
             Inserted::Duplicate
         );
-        assert_eq!(view.rejected.len(), 1);
+        assert_eq!(view.rejected().len(), 1);
         assert!(view.events.is_empty());
     }
 
@@ -821,10 +984,10 @@ mod tests {
             plain.insert(chunk(id, json!(at), id));
             live.insert_live(chunk(id, json!(at), id), None);
         }
-        assert_eq!(live.publishers.capacity(), 0);
+        assert_eq!(live.publisher_table().len(), 0);
         assert_eq!(live.bytes(), plain.bytes());
         let hydrated = ThreadView::hydrated([chunk("d", json!(4), "d")], ["d".to_owned()], live);
-        assert_eq!(hydrated.publishers.capacity(), 0);
+        assert_eq!(hydrated.publisher_table().len(), 0);
     }
 
     #[test]
@@ -836,9 +999,13 @@ mod tests {
             plain.insert(chunk(&id, json!(i), "x"));
             traced.insert_live(chunk(&id, json!(i), "x"), Some(publisher(1)));
         }
-        let table = traced.publishers.capacity() * PUBLISHER_ROW_BYTES;
-        assert!(table >= 100 * PUBLISHER_ROW_BYTES);
+        let capacity = traced.extra.as_ref().unwrap().publishers.capacity();
+        assert!(capacity >= 100);
+        // The table and the box it lives in (the plain view has none).
+        let table =
+            allocated(capacity * PUBLISHER_ROW_BYTES) + allocated(std::mem::size_of::<Extra>());
         assert_eq!(traced.bytes(), plain.bytes() + table);
+        assert_eq!(traced.footprint().total(), traced.bytes());
     }
 
     #[test]
@@ -870,7 +1037,10 @@ mod tests {
         let plain = hydrate(live(false));
         assert_eq!(
             view.bytes(),
-            plain.bytes() + view.publishers.capacity() * PUBLISHER_ROW_BYTES,
+            plain.bytes()
+                + allocated(
+                    view.extra.as_ref().unwrap().publishers.capacity() * PUBLISHER_ROW_BYTES
+                ),
             "the rebuilt table is charged"
         );
         // A fill adds store rows after the events held: every slot stays, and so does every context.

@@ -17,6 +17,7 @@
 //! Each measurement starts its own worker process(es) on its own database; the NATS and Mongo-wire servers are
 //! shared by the run. Progress goes to stderr, the table to stdout.
 
+mod counting;
 mod data;
 mod otlp_sink;
 mod p10_pages;
@@ -27,6 +28,7 @@ mod p1_ingest;
 mod p2_cache_reads;
 mod p2_ceiling;
 mod p3_p4_store;
+mod p5_breakdown;
 mod p5_memory;
 mod p6_freshness;
 mod p7_multi_turn;
@@ -42,6 +44,10 @@ use std::time::Instant;
 
 use report::{Row, progress};
 use setup::{Settings, Setup};
+
+/// jemalloc, as the worker's, counting the bytes each thread holds (P5's breakdown).
+#[global_allocator]
+static ALLOCATOR: counting::Counting = counting::Counting;
 
 fn main() {
     // P1 runs this binary again as its bare subscriber, a process of its own.

@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::data::{self, Message};
+use crate::p5_breakdown::CHARGE_TOLERANCE;
 use crate::report::{Row, fmt_count, fmt_duration, mib, progress};
 use crate::setup::Setup;
 use crate::worker::{self, Worker};
 
 const BUDGET_MIB: u64 = 64;
-const EVENTS_PER_THREAD: usize = 10;
+pub const EVENTS_PER_THREAD: usize = 10;
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 const AFTER: Duration = Duration::from_secs(1);
 /// The worker counts as idle once it uses less than this share of a core over [`IDLE_WINDOW`].
@@ -25,6 +26,15 @@ const IDLE_WINDOW: Duration = Duration::from_millis(300);
 const IDLE_DEADLINE: Duration = Duration::from_secs(120);
 
 pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
+    let uri = setup.mongo_uri();
+    let mut rows = tokio::task::spawn_blocking(move || crate::p5_breakdown::rows(&uri))
+        .await
+        .expect("P5's breakdown");
+    rows.extend(run_process(setup).await);
+    rows
+}
+
+async fn run_process(setup: Arc<Setup>) -> Vec<Row> {
     let n = setup.settings.events_p5;
     let threads = n.div_ceil(EVENTS_PER_THREAD);
     let budget = format!("{BUDGET_MIB}MiB");
@@ -44,15 +54,7 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
     let publisher = setup.nats_client().await;
     let started = Instant::now();
     for i in 0..n {
-        let (t, seq) = (i / EVENTS_PER_THREAD, i % EVENTS_PER_THREAD);
-        let thread = format!("p5-t{t:06}");
-        let display = data::display(&thread, 0, 1);
-        let row = if seq == 0 {
-            data::marker(&thread, &display, seq)
-        } else {
-            data::chunk(&thread, &display, seq)
-        };
-        Message::from_row(&row).publish(&publisher).await;
+        message(i).publish(&publisher).await;
         if (i + 1) % 200_000 == 0 {
             progress("P5", &format!("published {}", i + 1));
         }
@@ -82,7 +84,27 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
     let drops = scrape.drops();
     let disconnects = scrape.connection_events("disconnected");
     let limit_kib = (BUDGET_MIB + 64) * 1024;
+    // Every thread holds its 10 events: the steady growth above idle per event held, against the payload's bytes
+    // and against what the cache charged for them.
+    let grown = (memory.rss_kib.saturating_sub(idle.rss_kib) * 1024) as f64;
+    let held_events = entries * EVENTS_PER_THREAD as f64;
+    let payload = payload_per_event(n.min(10_000));
+    let over_charge = grown / weighted;
     vec![
+        Row::check(
+            "P5",
+            "resident growth against the charge",
+            format!(
+                "{:.1} MiB above idle after the stream for {:.1} MiB charged = {over_charge:.2}x; {:.0} B resident per \
+                 event held, {:.2}x its {payload:.0} B published",
+                grown / (1 << 20) as f64,
+                weighted / (1 << 20) as f64,
+                grown / held_events,
+                grown / held_events / payload
+            ),
+            format!("within {:.0}%", CHARGE_TOLERANCE * 100.0),
+            (over_charge - 1.0).abs() <= CHARGE_TOLERANCE,
+        ),
         Row::check(
             "P5",
             format!(
@@ -117,6 +139,30 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
             ),
         ),
     ]
+}
+
+/// The bytes of P5's first `n` events as published (subject + JSON payload), per event.
+fn payload_per_event(n: usize) -> f64 {
+    let bytes: usize = (0..n)
+        .map(|i| {
+            let message = message(i);
+            message.subject.len() + message.payload.len()
+        })
+        .sum();
+    bytes as f64 / n.max(1) as f64
+}
+
+/// P5's `i`th event: thread after thread, a marker and 9 chunks each.
+pub fn message(i: usize) -> Message {
+    let (t, seq) = (i / EVENTS_PER_THREAD, i % EVENTS_PER_THREAD);
+    let thread = format!("p5-t{t:06}");
+    let display = data::display(&thread, 0, 1);
+    let row = if seq == 0 {
+        data::marker(&thread, &display, seq)
+    } else {
+        data::chunk(&thread, &display, seq)
+    };
+    Message::from_row(&row)
 }
 
 /// Waits until the worker's CPU use falls below [`IDLE_SHARE`] of a core (it has applied what it received).

@@ -31,6 +31,14 @@ use crate::metrics::Metrics;
 use crate::project::Identity;
 use crate::view::{Inserted, PublisherContext, ThreadView};
 
+/// An entry's bytes beyond its view's and renderings': the entry's allocation less the view's struct, its thread
+/// id and store-side state, and moka's own entry for it (its key, node, deque slots), as P5's breakdown measures
+/// them (about 330 and 330 bytes; docs/benchmark.md).
+pub const ENTRY_BYTES: usize = 640;
+
+/// The least growth that has an entry weighed again: a small view is not re-weighed for every event.
+const REWEIGH_MIN_BYTES: usize = 512;
+
 /// One cached thread.
 pub struct Entry {
     /// The cache key, kept so that live inserts need not copy it from each event.
@@ -57,10 +65,11 @@ pub struct Entry {
     pub view_bytes: AtomicUsize,
     /// The bytes of the renderings held.
     rendered_bytes: AtomicUsize,
-    /// The weight moka charged at the last insert.
-    charged: AtomicUsize,
+    /// The bytes held when moka last weighed the entry ([`Entry::charge`]).
+    weighed: AtomicUsize,
     /// The renderings of the view's version and the warnings logged for this view; taken while holding the view.
-    rendering: Mutex<Rendering>,
+    /// Allocated by the first read (most views streamed in live are never read).
+    rendering: Mutex<Option<Box<Rendering>>>,
     /// The view's version as its last holder let go of it.
     pub version: AtomicU64,
     /// Notified as a holder that changed the view lets go of it (reads waiting for a run and feeds listen).
@@ -224,8 +233,8 @@ impl Entry {
             has_waiting: AtomicBool::new(false),
             listeners: AtomicUsize::new(0),
             rendered_bytes: AtomicUsize::new(0),
-            charged: AtomicUsize::new(0),
-            rendering: Mutex::new(Rendering::default()),
+            weighed: AtomicUsize::new(0),
+            rendering: Mutex::new(None),
             version: AtomicU64::new(0),
             changed: tokio::sync::Notify::new(),
             generation: next_generation(),
@@ -305,6 +314,7 @@ impl Entry {
         metrics: &Metrics,
     ) -> Answer<F> {
         let mut rendering = lock(&self.rendering);
+        let rendering = rendering.get_or_insert_with(Box::default);
         let mut answer = rendering.render(&self.thread_id, view, primary, source, metrics);
         answer.generation = self.generation;
         self.rendered_bytes
@@ -319,7 +329,9 @@ impl Entry {
         primary: Option<&Identity>,
     ) -> Option<std::sync::Arc<[u64]>> {
         let _view = lock(&self.view);
-        lock(&self.rendering).recent_digests(version, primary)
+        lock(&self.rendering)
+            .as_ref()?
+            .recent_digests(version, primary)
     }
 
     /// Counts a reader waiting for the view to change until the returned guard is dropped. Count first, then
@@ -332,21 +344,25 @@ impl Entry {
 
     /// Forgets the last rendering (its memory is freed now, whoever still holds the entry).
     pub fn forget_rendering(&self) {
-        lock(&self.rendering).forget();
+        if let Some(rendering) = lock(&self.rendering).as_mut() {
+            rendering.forget();
+        }
         self.rendered_bytes.store(0, Ordering::Relaxed);
     }
 
-    /// The weight to charge now: the bytes held plus a quarter of headroom, so that a growing view is re-weighed
-    /// only every so often.
+    /// The weight to charge now: the bytes held, an eighth more, and the entry's own bytes and moka's for it
+    /// ([`ENTRY_BYTES`]). The entry is weighed again once it holds a quarter more than when last weighed (and at
+    /// least [`REWEIGH_MIN_BYTES`] more: [`Entry::outgrew_charge`]), so its charge stays within an eighth of what
+    /// it holds, either way, and a growing view is re-weighed only every so often (a re-weigh is a moka insert).
     pub fn charge(&self) -> u32 {
         let bytes = self.held_bytes();
-        let charge = bytes + bytes / 4 + 512;
-        self.charged.store(charge, Ordering::Relaxed);
-        u32::try_from(charge).unwrap_or(u32::MAX)
+        self.weighed.store(bytes, Ordering::Relaxed);
+        u32::try_from(bytes + bytes / 8 + ENTRY_BYTES).unwrap_or(u32::MAX)
     }
 
     pub fn outgrew_charge(&self) -> bool {
-        self.held_bytes() > self.charged.load(Ordering::Relaxed)
+        let weighed = self.weighed.load(Ordering::Relaxed);
+        self.held_bytes() > weighed + (weighed / 4).max(REWEIGH_MIN_BYTES)
     }
 }
 

@@ -22,7 +22,7 @@
 //! Lock: one std mutex over the state, held only for a transition: never across an `.await` and never while taking
 //! another lock (it is the last in the entry's lock order, see [`super::entry`]).
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tokio::sync::watch;
 
@@ -62,9 +62,9 @@ struct State {
 }
 
 /// The store side of one entry. Its state is shared with the entry's [`Ticket`]s, which may wait in the fill
-/// queue apart from the entry.
+/// queue apart from the entry; it is allocated when first needed (most entries streamed in live never need it).
 pub struct StoreSide {
-    state: Arc<Mutex<State>>,
+    state: OnceLock<Arc<Mutex<State>>>,
 }
 
 /// What [`StoreSide::begin_hydration`] gave the caller.
@@ -93,21 +93,28 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 impl StoreSide {
     pub fn new() -> Self {
         Self {
-            state: Arc::new(Mutex::new(State {
+            state: OnceLock::new(),
+        }
+    }
+
+    /// The state, allocated with the entry's first store job or question about one.
+    fn state(&self) -> &Arc<Mutex<State>> {
+        self.state.get_or_init(|| {
+            Arc::new(Mutex::new(State {
                 work: Work::Idle,
                 done: None,
                 reread_scheduled: false,
-            })),
-        }
+            }))
+        })
     }
 
     /// Starts a hydration if no store job runs, otherwise joins the one that does.
     pub fn begin_hydration(&self) -> Begin {
-        let mut state = lock(&self.state);
+        let mut state = lock(self.state());
         match &state.done {
             Some(done) => Begin::Wait(Waiter(done.clone())),
             None => Begin::Run(start(
-                &self.state,
+                self.state(),
                 &mut state,
                 Work::Hydrating { fill_after: false },
             )),
@@ -118,9 +125,9 @@ impl StoreSide {
     /// when no store job runs; otherwise the job in flight is followed by a fill (or, a fill not started yet, picks
     /// the display up itself).
     pub fn want_fill(&self) -> Option<Ticket> {
-        let mut state = lock(&self.state);
+        let mut state = lock(self.state());
         match state.work {
-            Work::Idle => Some(start(&self.state, &mut state, Work::FillQueued)),
+            Work::Idle => Some(start(self.state(), &mut state, Work::FillQueued)),
             Work::Hydrating { .. } => {
                 state.work = Work::Hydrating { fill_after: true };
                 None
@@ -136,17 +143,17 @@ impl StoreSide {
     /// Whether a re-read may be scheduled now (none is); the caller schedules it and calls
     /// [`StoreSide::reread_due`] when its timer fires.
     pub fn schedule_reread(&self) -> bool {
-        !std::mem::replace(&mut lock(&self.state).reread_scheduled, true)
+        !std::mem::replace(&mut lock(self.state()).reread_scheduled, true)
     }
 
     /// The re-read's timer fired: a view deferred from now on may schedule another.
     pub fn reread_due(&self) {
-        lock(&self.state).reread_scheduled = false;
+        lock(self.state()).reread_scheduled = false;
     }
 
     #[cfg(test)]
     fn work(&self) -> Work {
-        lock(&self.state).work
+        lock(self.state()).work
     }
 }
 

@@ -98,8 +98,9 @@ pub struct UserContent {
 /// 5.4](../../docs/contract.md#5.4)).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Body {
-    /// Branch 1: a `UserAgent` UserMessageEvent (a marker).
-    UserMessage(UserContent),
+    /// Branch 1: a `UserAgent` UserMessageEvent (a marker). Boxed: one event in many is one, and inline it would
+    /// double every event's size.
+    UserMessage(Box<UserContent>),
     /// Branch 2: a `UserAgent` HITL response (a marker); the answer text.
     HitlAnswer(Result<Box<str>, ErrorType>),
     /// Branch 3: a chunk from any agent; its content.
@@ -129,32 +130,35 @@ impl ViewEvent {
         matches!(self.body, Body::UserMessage(_) | Body::HitlAnswer(_))
     }
 
-    /// Approximate heap bytes held, for the cache weigher.
+    /// Heap bytes held, each allocation as the allocator rounds it, for the cache weigher.
     pub fn heap_bytes(&self) -> usize {
+        use crate::memory::allocated;
         fn text(r: &Result<Box<str>, ErrorType>) -> usize {
-            r.as_ref().map_or(0, |s| s.len())
+            r.as_ref().map_or(0, |s| allocated(s.len()))
         }
         let body = match &self.body {
             Body::UserMessage(u) => {
+                let boxed = allocated(std::mem::size_of::<UserContent>());
                 let parts = u.parts.as_ref().map_or(0, |parts| {
-                    parts
-                        .iter()
-                        .map(|p| {
-                            std::mem::size_of::<Part>()
-                                + match p {
-                                    Part::Text { text } => text.len(),
-                                    Part::ImageUrl { image_url } => image_url.url.len(),
-                                    Part::InputAudio { input_audio } => {
-                                        input_audio.data.len() + input_audio.format.len()
-                                    }
+                    allocated(parts.capacity() * std::mem::size_of::<Part>())
+                        + parts
+                            .iter()
+                            .map(|p| match p {
+                                Part::Text { text } => allocated(text.capacity()),
+                                Part::ImageUrl { image_url } => allocated(image_url.url.capacity()),
+                                Part::InputAudio { input_audio } => {
+                                    allocated(input_audio.data.capacity())
+                                        + allocated(input_audio.format.capacity())
                                 }
-                        })
-                        .sum()
+                            })
+                            .sum::<usize>()
                 });
-                parts
+                boxed
+                    + parts
+                    + allocated(u.unsupported_audio.capacity() * 16)
                     + u.unsupported_audio
                         .iter()
-                        .map(|f| f.len() + 16)
+                        .map(|f| allocated(f.len()))
                         .sum::<usize>()
             }
             Body::HitlAnswer(t) | Body::Chunk(t) | Body::HitlQuestion(t) | Body::Stop(t) => text(t),
@@ -188,7 +192,7 @@ fn body(branch: Branch, field: Option<&Value>) -> Body {
         return Body::Inert;
     };
     match family {
-        Family::UserMessage => Body::UserMessage(user_content(field)),
+        Family::UserMessage => Body::UserMessage(Box::new(user_content(field))),
         Family::HitlResponse => Body::HitlAnswer(match field {
             Some(Value::Bool(true)) => Ok("true".into()),
             Some(Value::Bool(false)) => Ok("false".into()),

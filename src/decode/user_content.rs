@@ -267,7 +267,7 @@ mod tests {
     /// The content decoded from a `UserAgent` user message payload.
     fn user_message(payload_json: Value) -> UserContent {
         match body(payload(key(USER_AGENT, "UserMessageEvent"), payload_json)) {
-            Body::UserMessage(content) => content,
+            Body::UserMessage(content) => *content,
             other => panic!("not a user message: {other:?}"),
         }
     }
