@@ -95,10 +95,11 @@ async fn run_process(setup: Arc<Setup>) -> Vec<Row> {
             "P5",
             "resident growth against the charge",
             format!(
-                "{:.1} MiB above idle after the stream for {:.1} MiB charged = {over_charge:.2}x; {:.0} B resident per \
-                 event held, {:.2}x its {payload:.0} B published",
+                "{:.1} MiB above idle after the stream for {:.1} MiB charged = {over_charge:.2}x (at the peak {:.2}x); \
+                 {:.0} B resident per event held, {:.2}x its {payload:.0} B published",
                 grown / (1 << 20) as f64,
                 weighted / (1 << 20) as f64,
+                (memory.hwm_kib.saturating_sub(idle.rss_kib) * 1024) as f64 / weighted,
                 grown / held_events,
                 grown / held_events / payload
             ),

@@ -162,6 +162,9 @@ impl Drop for ViewGuard<'_> {
             self.apply_waiting();
             self.entry.view_bytes.store(self.bytes(), Ordering::Relaxed);
             let version = self.version();
+            if version != self.taken_at && self.entry.rendered_bytes.load(Ordering::Relaxed) > 0 {
+                self.entry.drop_stale_renderings(version);
+            }
             drop(self.view.take());
             if version != self.taken_at {
                 // SeqCst with the listener count's load, as in `Entry::listen`: a listener that compared the
@@ -342,6 +345,17 @@ impl Entry {
         Listening(self)
     }
 
+    /// Drops the renderings of versions of the view before `version` (the view, held by the caller, changed: no
+    /// read is answered from them again, and the next read renders the new version), keeping the warnings logged
+    /// and the feed's recent digests.
+    fn drop_stale_renderings(&self, version: u64) {
+        if let Some(rendering) = lock(&self.rendering).as_mut() {
+            rendering.keep_version(version);
+            self.rendered_bytes
+                .store(rendering.bytes(), Ordering::Relaxed);
+        }
+    }
+
     /// Forgets the last rendering (its memory is freed now, whoever still holds the entry).
     pub fn forget_rendering(&self) {
         if let Some(rendering) = lock(&self.rendering).as_mut() {
@@ -452,6 +466,33 @@ mod tests {
         assert_eq!(kept, [("a".to_owned(), publisher)]);
         // Its bytes are the view's, as the weigher sees them.
         assert_eq!(entry.view_bytes.load(Ordering::Relaxed), view.bytes());
+    }
+
+    #[test]
+    fn a_change_to_the_view_drops_the_rendering_of_its_older_version() {
+        use super::super::form::{HistoryBody, Source};
+        let metrics = Metrics::new();
+        let entry = Entry::new("t", &Coverage::new(Duration::ZERO));
+        entry.apply_live(chunk("a", 1), None, &metrics);
+        let render = || {
+            let mut view = entry.lock_view(&metrics);
+            let answer: Answer<HistoryBody> =
+                entry.render(&mut view, None, Source::Cache, &metrics);
+            answer
+        };
+        let first = render();
+        let rendered = entry.rendered_bytes.load(Ordering::Relaxed);
+        assert!(rendered >= first.body.body.len());
+        // Read again unchanged: the rendering is reused and kept.
+        assert!(Arc::ptr_eq(&render().body, &first.body));
+        assert_eq!(entry.rendered_bytes.load(Ordering::Relaxed), rendered);
+        // A live event changes the view: the old answer can never be served again, and is dropped at once.
+        entry.apply_live(chunk("b", 2), None, &metrics);
+        assert_eq!(entry.rendered_bytes.load(Ordering::Relaxed), 0);
+        assert!(lock(&entry.rendering).as_ref().unwrap().bytes() == 0);
+        let second = render();
+        assert!(!Arc::ptr_eq(&second.body, &first.body));
+        assert!(entry.rendered_bytes.load(Ordering::Relaxed) > 0);
     }
 
     #[test]

@@ -50,7 +50,7 @@ impl Rendering {
         metrics: &Metrics,
     ) -> Answer<F> {
         let version = view.version();
-        self.rendered.retain(|r| r.version == version);
+        self.keep_version(version);
         view.sort_order();
         let view: &ThreadView = view;
         let project = || {
@@ -132,6 +132,11 @@ impl Rendering {
                 .iter()
                 .map(|r| r.forms.bytes() + r.facts.bytes())
                 .sum::<usize>()
+    }
+
+    /// Drops the renderings of any version but `version`.
+    pub fn keep_version(&mut self, version: u64) {
+        self.rendered.retain(|r| r.version == version);
     }
 
     /// Forgets the renderings (their memory is freed now); the warnings logged stay logged.
