@@ -6,12 +6,14 @@
 //! by environment:
 //!
 //! - `BENCH_WORKER_BIN`: the worker binary (default `target/release/chat-history-view`).
-//! - `BENCH_EVENTS_P1` (default 200000) and `BENCH_EVENTS_P5` (default 1000000): events streamed in P1 and P5.
+//! - `BENCH_EVENTS_P1` (default 200000) and `BENCH_EVENTS_P5` (default 1000000): events streamed in P1 (and in P9d
+//!   and P12, which publish P1's messages) and P5.
 //! - `BENCH_ROUNDS_P1` (default 6): P1's rounds.
 //! - `BENCH_P1=tracing-off` (or `tracing-on`): only this side of P1's paired runs (the worker with tracing off, or
 //!   on with the default sampler), to repeat one.
 //! - `BENCH_FULL=1`: P4 also reconstructs a 100k-event thread (several minutes against the local store).
-//! - `BENCH_ONLY=P1,P4`: run only these measurements.
+//! - `BENCH_ONLY=P1,P4`: run only these measurements (ids in any case: `P9d`, partitioned workers dividing the
+//!   work, is `p9d` too).
 //! - `BENCH_P13=partitioned-cold,core-warm`: only these of P13's restarts (`<core|jetstream|partitioned>-<cold|warm>`).
 //!
 //! Each measurement starts its own worker process(es) on its own database; the NATS and Mongo-wire servers are
@@ -34,6 +36,8 @@ mod p6_freshness;
 mod p7_multi_turn;
 mod p8_hot_thread;
 mod p9_faults;
+mod p9d_partitions;
+mod partitions;
 mod report;
 mod setup;
 mod worker;
@@ -87,6 +91,7 @@ async fn run_all(setup: Arc<Setup>) -> Vec<Row> {
     rows.extend(measure(&setup, "P7", p7_multi_turn::run).await);
     rows.extend(measure(&setup, "P8", p8_hot_thread::run).await);
     rows.extend(measure(&setup, "P9", p9_faults::run).await);
+    rows.extend(measure(&setup, "P9d", p9d_partitions::run).await);
     rows.extend(measure(&setup, "P10", p10_pages::run).await);
     rows.extend(measure(&setup, "P11", p11_feed::run).await);
     rows.extend(measure(&setup, "P12", p12_witness::run).await);

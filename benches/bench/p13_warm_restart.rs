@@ -13,18 +13,17 @@
 //! read; every answer correct. A read answered 503 (`store_unavailable`: the store did not answer within the store
 //! timeout) is no wrong answer, and is counted apart: the client retries it.
 
-use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures_util::future::join_all;
 
-use chat_history_view::partition::owner;
 use test_support::class_streams::create_class_streams;
 use test_support::turns::Conversation;
 
 use crate::data::Message;
+use crate::partitions::Partitions;
 use crate::report::{Row, fmt_duration, progress, quantile};
 use crate::setup::{BenchStore, Setup};
 use crate::worker::{Scrape, Worker};
@@ -135,58 +134,29 @@ async fn run_one(setup: &Setup, mode: Mode, warm: bool) -> Vec<Row> {
     let database = format!("bench_p13_{}_{side}", mode.key());
     let store = setup.store(&database).await;
     store.create_display_index().await;
-    let prefix = port_prefix();
-    let partitions = if mode == Mode::Partitioned {
+    let partitions = Partitions::new(if mode == Mode::Partitioned {
         PARTITIONS
     } else {
         1
-    };
-    let env = |partition: u32| -> Vec<(&'static str, String)> {
-        let mut env = vec![
-            ("HISTORY_VIEW_PERSIST_LAG_MS", PERSIST_LAG_MS.to_owned()),
-            ("HISTORY_VIEW_WARM_BUCKET", BUCKET.to_owned()),
-            ("HISTORY_VIEW_WARM_MAX_SECS", WARM_MAX_SECS.to_string()),
-            (
-                "HISTORY_VIEW_WARM_MAX_THREADS",
-                if warm { "10000" } else { "0" }.to_owned(),
-            ),
-        ];
-        if mode != Mode::Core {
-            env.push(("HISTORY_VIEW_SOURCE", "jetstream".to_owned()));
-        }
-        if mode == Mode::Partitioned {
-            env.extend([
-                ("HISTORY_VIEW_PARTITIONS", PARTITIONS.to_string()),
-                ("HISTORY_VIEW_PARTITION", partition.to_string()),
-                ("HISTORY_VIEW_JETSTREAM_REPLICAS", "1".to_owned()),
-                (
-                    "HISTORY_VIEW_PEER_URL",
-                    format!("http://127.0.0.1:{prefix}{{partition}}"),
-                ),
-            ]);
-        }
-        env
-    };
-    let database = database.as_str();
-    let start = |partition: u32| {
-        let env = env(partition);
-        async move {
-            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            Worker::start_on(setup, prefix * 10 + partition as u16, database, &env).await
-        }
-    };
-    let mut workers = Vec::new();
-    for partition in 0..partitions {
-        let worker = start(partition).await;
-        worker
-            .wait_ready_within(Duration::from_secs(WARM_MAX_SECS))
-            .await;
-        workers.push(worker);
+    });
+    let mut env = vec![
+        ("HISTORY_VIEW_PERSIST_LAG_MS", PERSIST_LAG_MS.to_owned()),
+        ("HISTORY_VIEW_WARM_BUCKET", BUCKET.to_owned()),
+        ("HISTORY_VIEW_WARM_MAX_SECS", WARM_MAX_SECS.to_string()),
+        (
+            "HISTORY_VIEW_WARM_MAX_THREADS",
+            if warm { "10000" } else { "0" }.to_owned(),
+        ),
+    ];
+    if mode != Mode::Core {
+        env.push(("HISTORY_VIEW_SOURCE", "jetstream".to_owned()));
     }
+    let warm_max = Duration::from_secs(WARM_MAX_SECS);
+    let mut workers = partitions.start_all(setup, &database, &env, warm_max).await;
     // As in P7: the first reads come more than the bound after the subscription was confirmed.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let publisher = setup.nats_client().await;
-    let owned = |thread: &str| owner(thread, partitions) == 0;
+    let owned = |thread: &str| partitions.owner(thread) == 0;
     let conversations: Vec<Conversation> = (0..THREADS)
         .map(|t| Conversation::new(format!("p13-{}-{side}-{t:02}", mode.key())))
         .collect();
@@ -208,9 +178,8 @@ async fn run_one(setup: &Setup, mode: Mode, warm: bool) -> Vec<Row> {
     let old = workers.remove(0);
     old.stop().await;
     let started = Instant::now();
-    let new = start(0).await;
-    new.wait_ready_within(Duration::from_secs(WARM_MAX_SECS))
-        .await;
+    let new = partitions.start(setup, 0, &database, &env).await;
+    new.wait_ready_within(warm_max).await;
     let to_ready = started.elapsed();
     let at_ready = new.metrics().await;
     let (_, after) = turns(
@@ -415,12 +384,4 @@ async fn turns(
     }
     total.latencies.sort();
     (conversations, total)
-}
-
-/// A prefix `p` whose ports `p0`..`p2` are free (partitioned workers find each other by port).
-fn port_prefix() -> u16 {
-    (2000..3276)
-        .map(|i| 2000 + (std::process::id() as u16 % 1276 + i * 7) % 1276)
-        .find(|prefix| (0..3).all(|k| TcpListener::bind(("127.0.0.1", prefix * 10 + k)).is_ok()))
-        .expect("three free ports in a row")
 }

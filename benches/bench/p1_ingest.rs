@@ -512,8 +512,8 @@ pub fn messages(n: usize) -> Arc<[Message]> {
     live_messages(n, THREADS.min(n).max(1)).into()
 }
 
-/// P1's `n` messages, each with the `traceparent` aihub's publisher sends.
-fn traced_messages(n: usize) -> Arc<[Message]> {
+/// P1's `n` messages, each with the `traceparent` aihub's publisher sends (P9d publishes them too).
+pub fn traced_messages(n: usize) -> Arc<[Message]> {
     live_messages(n, THREADS.min(n).max(1))
         .into_iter()
         .map(Message::with_traceparent)

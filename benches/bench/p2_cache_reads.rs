@@ -21,7 +21,8 @@ const CLIENTS: usize = 32;
 const WARM_UP: Duration = Duration::from_secs(1);
 const MEASURED: Duration = Duration::from_secs(5);
 const THREAD: &str = "p2-thread";
-const SHAPE: Conversation = Conversation {
+/// The thread P2 reads (P9(d) reads it too).
+pub const SHAPE: Conversation = Conversation {
     turns: 100,
     events_per_turn: 2,
     displays: 1,

@@ -31,7 +31,7 @@ pub struct Settings {
     pub events_p5: usize,
     /// Whether P4 also runs at 100k events (`BENCH_FULL=1`).
     pub full: bool,
-    /// The measurements to run (`BENCH_ONLY`, comma-separated ids); all when unset.
+    /// The measurements to run (`BENCH_ONLY`, comma-separated ids, in any case); all when unset.
     pub only: Option<Vec<String>>,
 }
 
@@ -67,7 +67,7 @@ impl Settings {
     pub fn runs(&self, id: &str) -> bool {
         self.only
             .as_ref()
-            .is_none_or(|only| only.iter().any(|o| o == id))
+            .is_none_or(|only| only.iter().any(|o| o.eq_ignore_ascii_case(id)))
     }
 }
 
@@ -100,6 +100,11 @@ impl Setup {
 
     pub fn nats_url(&self) -> String {
         self.nats.url()
+    }
+
+    /// The nats-server's process id (partitioning moves work to it: P9(d) reads its CPU time).
+    pub fn nats_pid(&self) -> u32 {
+        self.nats.pid()
     }
 
     pub fn mongo_uri(&self) -> String {

@@ -1,6 +1,7 @@
 //! Child processes behind guards: a free local port, a temp dir of their own, their log in it, and [`Process`],
 //! which starts a program, waits until it answers, can signal, stop and restart it, and kills it on drop.
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -47,6 +48,33 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no free local port in {PORTS:?}");
+}
+
+/// A digit prefix `p` such that ports `p0`, `p1`, … (one per partition) are free on 127.0.0.1: a peer URL
+/// template `http://127.0.0.1:p{partition}` reaches every worker, as `http://chv-{partition}.chv-headless:8080`
+/// does in Kubernetes. The ports lie between `free_port`'s range and Linux's ephemeral one (so no outgoing
+/// connection takes one), and a prefix is handed out once per process: two deployments of concurrent tests never
+/// share one (a worker that cannot bind its port while another test's worker answers on it would otherwise look
+/// ready).
+pub fn port_prefix(partitions: u16) -> u16 {
+    const PREFIXES: std::ops::Range<u16> = 2000..3276;
+    static TAKEN: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
+    assert!(partitions <= 10, "one digit per partition");
+    let span = PREFIXES.end - PREFIXES.start;
+    let start = u16::try_from(std::process::id() % u32::from(span)).expect("below the span");
+    let mut taken = TAKEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let prefix = (0..span)
+        .map(|i| PREFIXES.start + (start + i * 7) % span)
+        .find(|prefix| {
+            !taken.contains(prefix)
+                && (0..partitions)
+                    .all(|k| TcpListener::bind(("127.0.0.1", prefix * 10 + k)).is_ok())
+        })
+        .expect("free ports");
+    taken.insert(prefix);
+    prefix
 }
 
 /// A new directory under the system's temp dir, named after `prefix`, this process and a count of the directories

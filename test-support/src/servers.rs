@@ -104,6 +104,11 @@ impl NatsServer {
         std::net::SocketAddr::from(([127, 0, 0, 1], self.process.port))
     }
 
+    /// Its process id (its CPU time is in `/proc/<pid>/stat`).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     pub fn stop(&mut self) {
         self.process.stop();
     }

@@ -4,7 +4,6 @@
 //! owner frozen, killed and restarted; workers that disagree on the partition count.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +24,7 @@ use crate::projector::decode_rows;
 use crate::scene::{now_ns, read_until_cache, wait_metric};
 use crate::threads;
 use test_support::class_streams::{create_class_streams, create_replicated_class_streams};
+use test_support::process::port_prefix;
 use test_support::scrape::metric_sum;
 use test_support::servers::{MongoServer, NatsCluster, NatsServer};
 
@@ -112,33 +112,6 @@ async fn the_owner_of_a_thread_is_the_partition_nats_server_routes_it_to() {
         seen += 1;
     }
     assert_eq!(seen, 10_000);
-}
-
-/// A digit prefix `p` such that ports `p0`, `p1`, … (one per partition) are free on 127.0.0.1: a peer URL
-/// template `http://127.0.0.1:p{partition}` reaches every worker, as `http://chv-{partition}.chv-headless:8080`
-/// does in Kubernetes. The ports lie between `free_port`'s range and Linux's ephemeral one (so no outgoing
-/// connection takes one), and a prefix is handed out once per process: two deployments of concurrent tests never
-/// share one (a worker that cannot bind its port while another test's worker answers on it would otherwise look
-/// ready).
-pub(crate) fn port_prefix(partitions: u16) -> u16 {
-    const PREFIXES: std::ops::Range<u16> = 2000..3276;
-    static TAKEN: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
-    assert!(partitions <= 10, "one digit per partition");
-    let span = PREFIXES.end - PREFIXES.start;
-    let start = u16::try_from(std::process::id() % u32::from(span)).expect("below the span");
-    let mut taken = TAKEN
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let prefix = (0..span)
-        .map(|i| PREFIXES.start + (start + i * 7) % span)
-        .find(|prefix| {
-            !taken.contains(prefix)
-                && (0..partitions)
-                    .all(|k| TcpListener::bind(("127.0.0.1", prefix * 10 + k)).is_ok())
-        })
-        .expect("free ports");
-    taken.insert(prefix);
-    prefix
 }
 
 /// A partitioned deployment: a 3-node cluster with aihub's class streams (3 replicas), a store, a publisher, and

@@ -23,10 +23,10 @@ use tokio::task::JoinSet;
 use crate::helpers::{
     Api, BinaryApp, TestStore, chunk_row, encode, metric, publish_rows, unique, user_row,
 };
-use crate::partitioned::port_prefix;
 use crate::projector::decode_rows;
 use crate::scene::{Scene, now_ns, read_until_cache, wait_metric};
 use test_support::class_streams::{create_class_streams, create_replicated_class_streams};
+use test_support::process::port_prefix;
 use test_support::rows::publish_stored;
 use test_support::scrape::metric_sum;
 use test_support::servers::{MongoServer, NatsCluster, NatsServer};

@@ -25,8 +25,8 @@ use test_support::servers::python;
 
 use crate::explain::explain;
 use crate::helpers::{Api, BinaryApp, Reply, chunk_row, encode, publish_rows, user_row};
-use crate::partitioned::port_prefix;
 use crate::scene::{Scene, read_until_cache};
+use test_support::process::port_prefix;
 
 /// The batch processor's export interval (the SDK honours `OTEL_BSP_SCHEDULE_DELAY`, in milliseconds): short, so
 /// that spans arrive soon after they end; the waits stay generous.
