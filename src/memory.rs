@@ -1,6 +1,6 @@
 //! What the allocator hands out for a request: the cache's weights count each allocation as jemalloc (the
 //! worker's allocator, `src/main.rs`) rounds it, so that the byte budget means resident memory
-//! ([design 5](../docs/design.md#5)).
+//! ([design 2](../docs/design.md#2)).
 
 /// The bytes jemalloc allocates for a request of `n` bytes: its size classes, 8 and 16 bytes, then four per
 /// doubling (spaced at least 16 bytes apart). 0 for no allocation.

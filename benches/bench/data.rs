@@ -47,6 +47,17 @@ pub fn marker(thread: &str, display: &str, seq: usize) -> Value {
     .row(rows::user_message(&text))
 }
 
+/// Event `seq` of a one-display thread as published: its marker first, then chunks.
+pub fn thread_event(thread: &str, seq: usize) -> Message {
+    let display = display(thread, 0, 1);
+    let row = if seq == 0 {
+        marker(thread, &display, seq)
+    } else {
+        chunk(thread, &display, seq)
+    };
+    Message::from_row(&row)
+}
+
 /// A chunk of about 100 bytes of answer text on `display`.
 pub fn chunk(thread: &str, display: &str, seq: usize) -> Value {
     chunk_with_text(thread, display, seq, &format!("{seq:08} {FILLER} "))

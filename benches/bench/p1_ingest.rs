@@ -525,14 +525,7 @@ fn live_messages(n: usize, threads: usize) -> Vec<Message> {
     (0..n)
         .map(|i| {
             let (t, seq) = (i % threads, i / threads);
-            let thread = format!("p1-t{t:05}");
-            let display = data::display(&thread, 0, 1);
-            let row = if seq == 0 {
-                data::marker(&thread, &display, seq)
-            } else {
-                data::chunk(&thread, &display, seq)
-            };
-            Message::from_row(&row)
+            data::thread_event(&format!("p1-t{t:05}"), seq)
         })
         .collect()
 }

@@ -156,14 +156,7 @@ fn payload_per_event(n: usize) -> f64 {
 /// P5's `i`th event: thread after thread, a marker and 9 chunks each.
 pub fn message(i: usize) -> Message {
     let (t, seq) = (i / EVENTS_PER_THREAD, i % EVENTS_PER_THREAD);
-    let thread = format!("p5-t{t:06}");
-    let display = data::display(&thread, 0, 1);
-    let row = if seq == 0 {
-        data::marker(&thread, &display, seq)
-    } else {
-        data::chunk(&thread, &display, seq)
-    };
-    Message::from_row(&row)
+    data::thread_event(&format!("p5-t{t:06}"), seq)
 }
 
 /// Waits until the worker's CPU use falls below [`IDLE_SHARE`] of a core (it has applied what it received).
