@@ -9,8 +9,9 @@ pub fn allocated(n: usize) -> usize {
         0 => 0,
         1..=8 => 8,
         _ => {
+            // A power of two: rounding up is a mask, not a division (the weigher runs this per live event).
             let spacing = (n.next_power_of_two() / 8).max(16);
-            n.div_ceil(spacing) * spacing
+            (n + spacing - 1) & !(spacing - 1)
         }
     }
 }

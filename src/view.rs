@@ -575,51 +575,47 @@ impl ThreadView {
     /// and displays' heap, each allocation as the allocator rounds it. O(1): what P5's breakdown measures
     /// ([`ThreadView::footprint`]), without visiting the events.
     pub fn bytes(&self) -> usize {
-        let event = std::mem::size_of::<ViewEvent>();
-        let extra = self.extra.as_deref().map_or(0, |extra| {
-            allocated(std::mem::size_of::<Extra>())
-                + allocated(extra.rejected.capacity() * event)
-                + allocated(extra.publishers.capacity() * PUBLISHER_ROW_BYTES)
-                + set_table(&extra.covered)
-                + set_table(&extra.uncovered)
-        });
-        std::mem::size_of::<Self>()
-            + self.heap
-            + allocated(self.events.capacity() * event)
-            + allocated(self.order.capacity() * std::mem::size_of::<u32>())
-            + allocated(self.index.allocation_size())
-            + extra
+        self.heap + self.containers().total()
     }
 
     /// What the view holds, part by part, from its containers' capacities and its events' heap: what the
     /// benchmark's memory breakdown reports (P5, [design 7](../docs/design.md#7)). O(events).
     pub fn footprint(&self) -> Footprint {
-        let (mut keys, mut bodies) = (0, 0);
+        let mut footprint = self.containers();
         for event in self.events() {
             let key = event.key.heap_bytes();
-            keys += key;
-            bodies += event.heap_bytes() - key;
+            footprint.keys += key;
+            footprint.bodies += event.heap_bytes() - key;
         }
-        fn set(set: &HashSet<Box<str>>) -> usize {
-            set.iter().map(|d| allocated(d.len())).sum::<usize>() + set_table(set)
+        if let Some(extra) = self.extra.as_deref() {
+            footprint.displays += extra
+                .covered
+                .iter()
+                .chain(&extra.uncovered)
+                .map(|display| allocated(display.len()))
+                .sum::<usize>();
         }
-        let extra = self.extra.as_deref();
-        let extra_part = |part: fn(&Extra) -> usize| extra.map_or(0, part);
+        footprint
+    }
+
+    /// The view's struct and containers by part (the heap of its events and displays left out).
+    fn containers(&self) -> Footprint {
+        let vector = |len: usize, size: usize| allocated(len * size);
         let event = std::mem::size_of::<ViewEvent>();
-        Footprint {
-            fixed: std::mem::size_of::<Self>()
-                + extra_part(|_| allocated(std::mem::size_of::<Extra>())),
-            events: allocated(self.events.capacity() * event)
-                + extra_part(|e| {
-                    allocated(e.rejected.capacity() * std::mem::size_of::<ViewEvent>())
-                }),
-            keys,
-            bodies,
-            order: allocated(self.order.capacity() * std::mem::size_of::<u32>()),
+        let mut parts = Footprint {
+            fixed: std::mem::size_of::<Self>(),
+            events: vector(self.events.capacity(), event),
+            order: vector(self.order.capacity(), std::mem::size_of::<u32>()),
             index: allocated(self.index.allocation_size()),
-            displays: extra_part(|e| set(&e.covered) + set(&e.uncovered)),
-            publishers: extra_part(|e| allocated(e.publishers.capacity() * PUBLISHER_ROW_BYTES)),
+            ..Footprint::default()
+        };
+        if let Some(extra) = self.extra.as_deref() {
+            parts.fixed += allocated(std::mem::size_of::<Extra>());
+            parts.events += vector(extra.rejected.capacity(), event);
+            parts.displays = set_table(&extra.covered) + set_table(&extra.uncovered);
+            parts.publishers = vector(extra.publishers.capacity(), PUBLISHER_ROW_BYTES);
         }
+        parts
     }
 }
 

@@ -34,7 +34,7 @@ use crate::view::{Inserted, PublisherContext, ThreadView};
 /// An entry's bytes beyond its view's and renderings': the entry's allocation less the view's struct, its thread
 /// id and store-side state, and moka's own entry for it (its key, node, deque slots), as P5's breakdown measures
 /// them (about 330 and 330 bytes; docs/benchmark.md).
-pub const ENTRY_BYTES: usize = 640;
+const ENTRY_BYTES: usize = 640;
 
 /// The least growth that has an entry weighed again: a small view is not re-weighed for every event.
 const REWEIGH_MIN_BYTES: usize = 512;
