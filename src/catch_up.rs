@@ -1,21 +1,21 @@
-//! `CatchUp`: whether the resumable live source (the JetStream consumers) has everything its streams hold, so that
-//! a complete view may be served from memory ([design 2.1.4](../docs/design.md#2.1.4)). Core NATS tracks nothing
+//! `CatchUp`: which parts of the resumable live source (the JetStream consumers) are *behind* ([design
+//! 2.1.4](../docs/design.md#2.1.4)), for readiness, for whether a read waits, and for the metrics. Whether an answer
+//! comes from memory is not decided here but by [`crate::freshness::Freshness::serves`], the one rule; a lane that
+//! lasts until someone acts holds that instant at none ([`crate::freshness::Part::Held`]). Core NATS tracks nothing
 //! here: it is always caught up (a disconnect is a gap instead).
 //!
 //! The source is *behind* while any [`Lane`] is: a stream whose consumer is being (re)created until a consumer made
-//! after that has delivered what the stream held and a reading after it showed nothing unread gone; a stream whose
-//! last confirmed check is older than the silence bound (a lease each check renews, so a stream that stops
-//! answering, or a worker that was frozen, is behind without any task noticing); a class stream the partitioned
-//! stream does not source, or a source of it that stalled; no stream at all (fail closed).
+//! after that has delivered what the stream held and a reading after it showed nothing unread gone; a class stream
+//! the partitioned stream does not source, or a source of it that stalled; a stream that refuses events; no stream
+//! at all (fail closed).
 //!
-//! One mutex (the lanes), taken alone for a few steps by the source's tasks; reads load two atomics.
+//! One mutex (the lanes), taken alone for a few steps by the source's tasks; readers load atomics.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::{Notify, watch};
-use tokio::time::Instant;
+use tokio::sync::watch;
 
 /// One reason the source can be behind.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -26,18 +26,63 @@ pub enum Lane {
     Unsourced(String),
     /// A source of the partitioned stream that nats-server has not heard from.
     Stalled(String),
-    /// A class stream upstream of the partitioned stream, confirmed (a lease, as a stream's) by each discovery round
-    /// that reads its state with a quorum.
+    /// A class stream upstream of the partitioned stream not read with a quorum by the last discovery round.
     Unconfirmed(String),
+    /// A stream that cannot take or keep display events ([`Refusal`]): fail closed for its class.
+    Refusing(String, Refusal),
     /// No stream matches `HISTORY_VIEW_JETSTREAM_STREAMS`, or they cannot be listed: fail closed.
     NoStream,
 }
 
 impl Lane {
-    /// Whether a read may wait for this lane: a resuming consumer catches up in moments; the others last until
-    /// an operator or NATS acts.
+    /// Whether a read may wait for this lane: a resuming consumer catches up in moments, an upstream class stream
+    /// is read again within a round; the others last until an operator or NATS acts.
     fn passing(&self) -> bool {
-        matches!(self, Lane::Stream(_))
+        matches!(self, Lane::Stream(_) | Lane::Unconfirmed(_))
+    }
+}
+
+/// Why a stream cannot take or keep display events ([design 2.1.3](../docs/design.md#2.1.3)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Refusal {
+    /// `discard: new` and at a limit (`max_msgs`, or `max_bytes` less the largest message it may store).
+    Full,
+    /// Sealed: it takes nothing more.
+    Sealed,
+    /// Its subjects no longer cover the display-event subjects it was consumed on.
+    Subjects,
+    /// A stream the name pattern does not match captures display-event subjects.
+    Unmatched,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 4] = [
+        Refusal::Full,
+        Refusal::Sealed,
+        Refusal::Subjects,
+        Refusal::Unmatched,
+    ];
+
+    /// The `cause` label of `history_view_jetstream_refusing`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Full => "full",
+            Refusal::Sealed => "sealed",
+            Refusal::Subjects => "subjects",
+            Refusal::Unmatched => "unmatched",
+        }
+    }
+
+    /// What it means, for the log and `/readyz`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Refusal::Full => "is full with discard: new (events published now are refused)",
+            Refusal::Sealed => "is sealed (events published now are refused)",
+            Refusal::Subjects => "no longer captures the display-event subjects it was consumed on",
+            Refusal::Unmatched => {
+                "captures display-event subjects but does not match HISTORY_VIEW_JETSTREAM_STREAMS"
+            }
+        }
     }
 }
 
@@ -46,21 +91,14 @@ struct LaneState {
     behind: bool,
     /// Bumped whenever the lane falls behind: only a consumer of this generation or later catches it up.
     generation: u64,
-    /// Until when its last confirmed check holds (streams only).
-    lease_until: Option<Instant>,
 }
 
 pub struct CatchUp {
     state: Mutex<HashMap<Lane, LaneState>>,
     /// No lane is behind.
     caught_up: AtomicBool,
-    /// Every lane behind is a stream resuming (a read may wait for it).
+    /// Every lane behind is one a read may wait for.
     passing: AtomicBool,
-    /// The earliest lease's end, in nanoseconds since `origin` (`u64::MAX`: no lease).
-    lease_until: AtomicU64,
-    origin: Instant,
-    /// Woken whenever the source is caught up again (every lane, and a lease renewed).
-    changed: Notify,
     /// Bumped when the connection is lost, for consumer loops to resume.
     epochs: watch::Sender<u64>,
 }
@@ -77,9 +115,6 @@ impl CatchUp {
             state: Mutex::new(HashMap::new()),
             caught_up: AtomicBool::new(true),
             passing: AtomicBool::new(true),
-            lease_until: AtomicU64::new(u64::MAX),
-            origin: Instant::now(),
-            changed: Notify::new(),
             epochs: watch::Sender::new(0),
         }
     }
@@ -89,13 +124,7 @@ impl CatchUp {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether no lane is behind and every stream's last check still holds.
-    pub fn is_caught_up(&self) -> bool {
-        self.caught_up.load(Ordering::Acquire) && self.leases_hold()
-    }
-
-    /// Whether no lane is behind, leases aside (readiness: a lease that lapsed for a moment does not take a
-    /// worker out of its Service).
+    /// Whether no lane is behind (readiness).
     pub fn lanes_caught_up(&self) -> bool {
         self.caught_up.load(Ordering::Acquire)
     }
@@ -116,31 +145,19 @@ impl CatchUp {
         self.lock().get(lane).is_some_and(|l| l.behind)
     }
 
-    fn leases_hold(&self) -> bool {
-        let until = self.lease_until.load(Ordering::Acquire);
-        until == u64::MAX || self.nanos(Instant::now()) < until
-    }
-
-    fn nanos(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX - 1)
-    }
-
-    /// Waits until the source is caught up, or `deadline`; returns whether it is. Returns at once while a lane
-    /// that lasts is behind.
-    pub async fn wait(&self, deadline: Instant) -> bool {
-        loop {
-            let changed = self.changed.notified();
-            if self.is_caught_up() {
-                return true;
-            }
-            if self.blocked() {
-                return false;
-            }
-            tokio::select! {
-                () = changed => {}
-                () = tokio::time::sleep_until(deadline) => return self.is_caught_up(),
-            }
-        }
+    /// The streams that refuse events, and why (readiness names them).
+    pub fn refusing(&self) -> Vec<(String, Refusal)> {
+        let mut refusing: Vec<(String, Refusal)> = self
+            .lock()
+            .iter()
+            .filter(|(_, l)| l.behind)
+            .filter_map(|(lane, _)| match lane {
+                Lane::Refusing(stream, why) => Some((stream.clone(), *why)),
+                _ => None,
+            })
+            .collect();
+        refusing.sort();
+        refusing
     }
 
     /// `lane` is behind from now on; returns its new generation (a consumer created after this call catches it up
@@ -163,9 +180,9 @@ impl CatchUp {
         }
     }
 
-    /// A check of a consumer of `generation` found its stream's state confirmed until `lease_until`; with
-    /// `drained`, it had delivered everything the stream held, which catches the lane up.
-    pub fn confirmed(&self, lane: &Lane, generation: u64, drained: bool, lease_until: Instant) {
+    /// A check of a consumer of `generation` found its stream's state confirmed; with `drained`, it had delivered
+    /// everything the stream held, which catches the lane up.
+    pub fn confirmed(&self, lane: &Lane, generation: u64, drained: bool) {
         let mut state = self.lock();
         let Some(entry) = state.get_mut(lane) else {
             return;
@@ -174,11 +191,10 @@ impl CatchUp {
             // A consumer of an older generation: the lane fell behind since it was made.
             return;
         }
-        entry.lease_until = Some(lease_until);
-        if drained {
+        if drained && entry.behind {
             entry.behind = false;
+            self.update(&state);
         }
-        self.update(&state);
     }
 
     /// The connection was lost (or may have lost deliveries): every stream is behind until a consumer created
@@ -204,107 +220,57 @@ impl CatchUp {
     fn update(&self, state: &HashMap<Lane, LaneState>) {
         let caught_up = state.values().all(|l| !l.behind);
         let passing = state.iter().all(|(lane, l)| !l.behind || lane.passing());
-        let lease = state
-            .values()
-            .filter_map(|l| l.lease_until)
-            .map(|at| self.nanos(at))
-            .min()
-            .unwrap_or(u64::MAX);
-        self.lease_until.store(lease, Ordering::Release);
         self.passing.store(passing, Ordering::Release);
         self.caught_up.store(caught_up, Ordering::Release);
-        if caught_up {
-            self.changed.notify_waiters();
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
     use super::*;
 
     fn stream(name: &str) -> Lane {
         Lane::Stream(name.into())
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_lane_catches_up_only_by_a_consumer_of_its_generation() {
+    #[test]
+    fn a_lane_catches_up_only_by_a_drained_check_of_a_consumer_of_its_generation() {
         let catch_up = CatchUp::new();
-        assert!(catch_up.is_caught_up(), "nothing tracked: Core NATS");
+        assert!(catch_up.lanes_caught_up(), "nothing tracked: Core NATS");
         let a = catch_up.behind(&stream("a"));
         let b = catch_up.behind(&stream("b"));
-        let lease = Instant::now() + Duration::from_secs(2);
-        catch_up.confirmed(&stream("a"), a, true, lease);
-        assert!(!catch_up.is_caught_up());
-        catch_up.confirmed(&stream("b"), b, false, lease);
-        assert!(!catch_up.is_caught_up(), "confirmed but not drained");
-        catch_up.confirmed(&stream("b"), b, true, lease);
-        assert!(catch_up.is_caught_up());
-        catch_up.connection_lost();
-        assert!(!catch_up.is_caught_up());
-        // A consumer of the old connection proves nothing.
-        catch_up.confirmed(&stream("a"), a, true, lease);
-        catch_up.confirmed(&stream("b"), b, true, lease);
-        assert!(!catch_up.is_caught_up());
-        catch_up.confirmed(&stream("a"), a + 1, true, lease);
-        catch_up.forget(&stream("b"));
-        assert!(catch_up.is_caught_up());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_lease_that_lapses_is_behind_until_a_check_renews_it() {
-        let catch_up = CatchUp::new();
-        let generation = catch_up.behind(&stream("a"));
-        catch_up.confirmed(
-            &stream("a"),
-            generation,
-            true,
-            Instant::now() + Duration::from_secs(2),
-        );
-        assert!(catch_up.is_caught_up());
-        tokio::time::advance(Duration::from_secs(2)).await;
-        assert!(!catch_up.is_caught_up(), "silence is behind");
+        catch_up.confirmed(&stream("a"), a, true);
+        assert!(!catch_up.lanes_caught_up());
+        catch_up.confirmed(&stream("b"), b, false);
         assert!(
-            catch_up.lanes_caught_up(),
-            "readiness ignores a lapsed lease"
+            !catch_up.lanes_caught_up(),
+            "a check that found messages pending catches nothing up"
         );
-        catch_up.confirmed(
-            &stream("a"),
-            generation,
-            false,
-            Instant::now() + Duration::from_secs(2),
-        );
-        assert!(catch_up.is_caught_up());
+        catch_up.confirmed(&stream("b"), b, true);
+        assert!(catch_up.lanes_caught_up());
+        catch_up.connection_lost();
+        assert!(!catch_up.lanes_caught_up());
+        // A consumer of the old connection proves nothing.
+        catch_up.confirmed(&stream("a"), a, true);
+        catch_up.confirmed(&stream("b"), b, true);
+        assert!(!catch_up.lanes_caught_up());
+        catch_up.confirmed(&stream("a"), a + 1, true);
+        catch_up.forget(&stream("b"));
+        assert!(catch_up.lanes_caught_up());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_read_waits_for_a_resuming_stream_but_not_for_a_lasting_lane() {
-        let catch_up = Arc::new(CatchUp::new());
-        let generation = catch_up.behind(&stream("a"));
-        let waiter = {
-            let catch_up = Arc::clone(&catch_up);
-            tokio::spawn(async move {
-                catch_up
-                    .wait(Instant::now() + Duration::from_secs(60))
-                    .await
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        catch_up.confirmed(
-            &stream("a"),
-            generation,
-            true,
-            Instant::now() + Duration::from_secs(2),
-        );
-        assert!(waiter.await.unwrap());
-
+    #[test]
+    fn a_read_waits_only_for_lanes_that_pass() {
+        let catch_up = CatchUp::new();
+        catch_up.behind(&stream("a"));
+        assert!(!catch_up.blocked(), "a resuming consumer: a read may wait");
+        let refusing = Lane::Refusing("s".into(), Refusal::Full);
+        catch_up.behind(&refusing);
+        assert!(catch_up.blocked());
+        assert_eq!(catch_up.refusing(), vec![("s".to_owned(), Refusal::Full)]);
+        catch_up.forget(&refusing);
         catch_up.behind(&Lane::NoStream);
-        let start = Instant::now();
-        assert!(!catch_up.wait(start + Duration::from_secs(60)).await);
-        assert_eq!(Instant::now(), start, "no wait for a lane that lasts");
+        assert!(catch_up.blocked());
         assert!(catch_up.no_stream());
     }
 }

@@ -50,6 +50,15 @@ impl Stamp {
     pub fn plus(self, duration: Duration) -> Self {
         Self(self.0.saturating_add(nanos(duration)))
     }
+
+    pub fn minus(self, duration: Duration) -> Self {
+        Self(self.0.saturating_sub(nanos(duration)).max(1))
+    }
+
+    /// The stamp of [`Stamp::nanos`] (kept in an atomic).
+    pub fn from_nanos(nanos: u64) -> Self {
+        Self(nanos)
+    }
 }
 
 fn nanos(duration: Duration) -> u64 {
@@ -179,6 +188,18 @@ impl Coverage {
         match SystemTime::now().duration_since(at) {
             Ok(ago) => Stamp(now.0.saturating_sub(nanos(ago))),
             Err(ahead) => now.plus(ahead.duration()),
+        }
+    }
+
+    /// The wall-clock moment of `stamp`, as far as the wall clock and the monotonic clock agree now.
+    pub fn wall_of(&self, stamp: Stamp) -> SystemTime {
+        let now = self.now();
+        let wall = SystemTime::now();
+        if stamp <= now {
+            wall.checked_sub(Duration::from_nanos(now.0 - stamp.0))
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+        } else {
+            wall + Duration::from_nanos(stamp.0 - now.0)
         }
     }
 

@@ -1,15 +1,24 @@
-//! `Freshness`: the wall-clock instant up to which the live stream has delivered, and the ingest path applied,
-//! every event that reached NATS (the `X-History-Covered-Through` of an answer from memory, [design 2.1.7]).
+//! `Freshness`: the instant up to which the live source has applied every event that reached NATS, and the one rule
+//! that lets an answer come from memory ([design 2.1]): **only while that instant is within the window of the read**
+//! ([`Freshness::serves`]), the window being the persister-lag bound (at least 1 s, the silence bound). The same
+//! instant is the `X-History-Covered-Through` of an answer from memory ([design 2.1.7]), so the serving decision and
+//! the header are one quantity and cannot disagree.
 //!
-//! - Core NATS: the worker's own round-trip probe (the one that confirms the subscription) is sent every
-//!   [`PROBE_EVERY`]; the ingest loop takes its reply only once it has applied every display event the client
-//!   received before it ([`crate::ingest::Ingest::run`]), and the probe's send time becomes the instant. A server
-//!   forwards a connection's messages in order, so every event that reached it before the probe is applied.
-//! - JetStream: per consumed stream, the moment a consumer was seen with nothing pending and everything delivered
-//!   applied; the worker's instant is the oldest of its streams'.
+//! The instant is the oldest of its parts' ([`Part`]), each moved forward only by what proves it:
+//! - Core NATS ([`Part::Probe`]): the worker's own round-trip probe, sent every quarter of the window; the ingest
+//!   loop hands its reply over only once it has applied every display event the client received before it, and
+//!   the probe's send moment becomes the part's instant. A server forwards a connection's messages in order.
+//! - JetStream ([`Part::Stream`]): per consumed stream, what its checks proved applied (`source/rule.rs`,
+//!   [`crate::source`]): the moment a check found the consumer drained, or the moment an earlier check read a last
+//!   sequence the consumer has since applied through, or a message's stream time less the clock-skew margin.
+//! - Partitioned ([`Part::Upstream`]): per class stream, what its source is known to have copied.
+//! - A lane that lasts until someone acts (no stream, a class stream not sourced, a refusing stream; [`Lane`]) holds
+//!   the instant at none while it lasts ([`Part::Held`]).
 //!
-//! One mutex (the streams' instants), taken alone for a few steps by the writers; readers load one atomic.
+//! Moments are [`Stamp`]s on the coverage's clock (tokio's, so paused-clock tests drive it); the header converts to
+//! the wall clock. One mutex (the parts), taken alone for a few steps by the writers; readers load one atomic.
 //!
+//! [design 2.1]: ../docs/design.md#2.1
 //! [design 2.1.7]: ../docs/design.md#2.1.7
 
 use std::collections::HashMap;
@@ -17,22 +26,42 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How often a Core NATS worker sends a freshness probe once its subscription is confirmed.
-pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
-/// The instant shared by the ingest path (which moves it) and the readers (which report it). Cloning is cheap.
-#[derive(Clone, Default)]
+use crate::catch_up::Lane;
+use crate::coverage::{Coverage, Stamp};
+
+/// What the instant is the oldest of.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Part {
+    /// Core NATS: the last round-trip probe applied.
+    Probe,
+    /// A consumed JetStream stream.
+    Stream(String),
+    /// Partitioned: a class stream upstream of the partitioned stream, as far as its source copied it.
+    Upstream(String),
+    /// A lane that lasts until someone acts: no instant while it lasts.
+    Held(Lane),
+}
+
+/// The instant shared by the sources (which move it) and the readers (which judge and report it). Cloning is cheap.
+#[derive(Clone)]
 pub struct Freshness {
     inner: Arc<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
-    /// Milliseconds since the Unix epoch of the instant (0: none yet): the last probe applied (Core NATS), or the
-    /// oldest of the streams' instants, kept as they change so that a read is one atomic load.
+    /// The clock of the stamps.
+    coverage: Coverage,
+    /// How old the instant may be for an answer from memory: the persister-lag bound, at least 1 s.
+    window: Duration,
+    /// The oldest part's stamp in nanoseconds (0: none, or a part without an instant), kept as the parts change so
+    /// that a read is one atomic load.
     covered: AtomicU64,
-    /// Per consumed JetStream stream, milliseconds since the Unix epoch it is covered through (0: not yet).
-    streams: Mutex<HashMap<String, u64>>,
+    parts: Mutex<HashMap<Part, u64>>,
+    /// Woken whenever the instant moves.
+    changed: Notify,
 }
 
 /// Milliseconds since the Unix epoch (0 for a moment before it).
@@ -41,58 +70,106 @@ pub fn millis(at: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-fn moment(ms: u64) -> Option<SystemTime> {
-    (ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(ms))
-}
-
 impl Freshness {
-    pub fn new() -> Self {
-        Self::default()
+    /// `window`: the silence bound, `max(HISTORY_VIEW_PERSIST_LAG_MS, 1 s)` ([`crate::source::Timing::silence`]).
+    pub fn new(coverage: Coverage, window: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                coverage,
+                window,
+                covered: AtomicU64::new(0),
+                parts: Mutex::new(HashMap::new()),
+                changed: Notify::new(),
+            }),
+        }
     }
 
-    /// A probe sent at `sent` came back after every event received before it was applied.
-    pub fn probe_applied(&self, sent: SystemTime) {
-        self.inner.covered.fetch_max(millis(sent), Ordering::AcqRel);
+    /// How old the instant may be for an answer from memory.
+    pub fn window(&self) -> Duration {
+        self.inner.window
     }
 
-    /// A JetStream stream is consumed from now on: it holds the instant back until it is covered.
-    pub fn track_stream(&self, name: &str) {
-        self.update_streams(|streams| {
-            streams.entry(name.to_owned()).or_insert(0);
+    /// How often a source must prove its part for answers to keep coming from memory: a quarter of the window, so
+    /// that a proof that needs two of them (a check's reading applied through at the next) is still within it.
+    pub fn prove_every(&self) -> Duration {
+        self.inner.window / 4
+    }
+
+    /// **The rule** ([design 2.1](../docs/design.md#2.1)): an answer may come from memory only if every event that
+    /// reached NATS before the read less the window has been applied (or its loss recorded as a gap), that is,
+    /// while the covered-through instant is at most the window old.
+    pub fn serves(&self) -> bool {
+        self.serves_at(self.inner.coverage.now())
+    }
+
+    fn serves_at(&self, now: Stamp) -> bool {
+        self.covered_stamp()
+            .is_some_and(|covered| covered.plus(self.inner.window) >= now)
+    }
+
+    /// Waits until [`Freshness::serves`], or `deadline`; returns whether it does.
+    pub async fn wait(&self, deadline: Instant) -> bool {
+        loop {
+            let changed = self.inner.changed.notified();
+            if self.serves() {
+                return true;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(deadline) => return self.serves(),
+            }
+        }
+    }
+
+    /// `part` counts from now on, without an instant until it is covered (a stream consumed, a lane held).
+    pub fn track(&self, part: Part) {
+        self.update(|parts| {
+            parts.entry(part).or_insert(0);
         });
     }
 
-    /// Every message `name` held when asked at `at` has been applied.
-    pub fn stream_covered(&self, name: &str, at: SystemTime) {
-        let at = millis(at);
-        self.update_streams(|streams| {
-            let covered = streams.entry(name.to_owned()).or_insert(0);
-            *covered = (*covered).max(at);
+    /// Every event `part` holds from before `at` is applied (its instant only moves forward).
+    pub fn covered(&self, part: Part, at: Stamp) {
+        self.update(|parts| {
+            let covered = parts.entry(part).or_insert(0);
+            *covered = (*covered).max(at.nanos());
         });
     }
 
-    /// The stream is no longer consumed (deleted).
-    pub fn forget_stream(&self, name: &str) {
-        self.update_streams(|streams| {
-            streams.remove(name);
+    /// `part` no longer counts (a stream deleted, a lane cleared).
+    pub fn forget(&self, part: &Part) {
+        self.update(|parts| {
+            parts.remove(part);
         });
     }
 
-    /// The instant up to which every event that reached NATS is applied, if one is known.
+    /// The instant on the coverage's clock, if every part has one.
+    pub fn covered_stamp(&self) -> Option<Stamp> {
+        match self.inner.covered.load(Ordering::Acquire) {
+            0 => None,
+            nanos => Some(Stamp::from_nanos(nanos)),
+        }
+    }
+
+    /// The instant on the wall clock: the `X-History-Covered-Through` of an answer from memory.
     pub fn covered_through(&self) -> Option<SystemTime> {
-        moment(self.inner.covered.load(Ordering::Acquire))
+        self.covered_stamp()
+            .map(|stamp| self.inner.coverage.wall_of(stamp))
     }
 
-    /// Changes the streams' instants and keeps the oldest as the instant (under the lock, so updates land in order).
-    fn update_streams(&self, change: impl FnOnce(&mut HashMap<String, u64>)) {
-        let mut streams = self
+    /// Changes the parts and keeps the oldest as the instant (under the lock, so updates land in order).
+    fn update(&self, change: impl FnOnce(&mut HashMap<Part, u64>)) {
+        let mut parts = self
             .inner
-            .streams
+            .parts
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        change(&mut streams);
-        let oldest = streams.values().copied().min().unwrap_or(0);
-        self.inner.covered.store(oldest, Ordering::Release);
+        change(&mut parts);
+        let oldest = parts.values().copied().min().unwrap_or(0);
+        drop(parts);
+        if self.inner.covered.swap(oldest, Ordering::AcqRel) != oldest {
+            self.inner.changed.notify_waiters();
+        }
     }
 }
 
@@ -155,22 +232,64 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_instant_is_the_last_probe_or_the_oldest_stream() {
-        let freshness = Freshness::new();
+    #[tokio::test(start_paused = true)]
+    async fn the_instant_is_the_oldest_part_and_serves_within_the_window() {
+        let coverage = Coverage::new(Duration::from_secs(2));
+        let freshness = Freshness::new(coverage.clone(), Duration::from_secs(2));
         assert_eq!(freshness.covered_through(), None);
-        let t = |ms| UNIX_EPOCH + Duration::from_millis(ms);
-        freshness.probe_applied(t(5_000));
-        freshness.probe_applied(t(4_000));
-        assert_eq!(freshness.covered_through(), Some(t(5_000)));
+        assert!(!freshness.serves(), "nothing proved yet");
+        let start = coverage.now();
+        freshness.covered(Part::Probe, start);
+        freshness.covered(Part::Probe, start.minus(Duration::from_secs(1)));
+        assert_eq!(freshness.covered_stamp(), Some(start), "never moves back");
+        assert!(freshness.serves());
+        tokio::time::advance(Duration::from_millis(1_999)).await;
+        assert!(freshness.serves());
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(!freshness.serves(), "older than the window");
 
-        let streams = Freshness::new();
-        streams.track_stream("a");
-        streams.stream_covered("b", t(9_000));
-        assert_eq!(streams.covered_through(), None, "a holds it back");
-        streams.stream_covered("a", t(7_000));
-        assert_eq!(streams.covered_through(), Some(t(7_000)));
-        streams.forget_stream("a");
-        assert_eq!(streams.covered_through(), Some(t(9_000)));
+        let streams = Freshness::new(coverage.clone(), Duration::from_secs(2));
+        let now = coverage.now();
+        streams.track(Part::Stream("a".into()));
+        streams.covered(Part::Stream("b".into()), now);
+        assert_eq!(streams.covered_stamp(), None, "a holds it back");
+        streams.covered(Part::Stream("a".into()), now.minus(Duration::from_secs(1)));
+        assert_eq!(
+            streams.covered_stamp(),
+            Some(now.minus(Duration::from_secs(1)))
+        );
+        streams.track(Part::Held(Lane::NoStream));
+        assert!(!streams.serves(), "a held lane: nothing from memory");
+        streams.forget(&Part::Held(Lane::NoStream));
+        streams.forget(&Part::Stream("a".into()));
+        assert_eq!(streams.covered_stamp(), Some(now));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_waits_until_the_instant_enters_the_window() {
+        let coverage = Coverage::new(Duration::from_secs(2));
+        let freshness = Freshness::new(coverage.clone(), Duration::from_secs(2));
+        let old = coverage.now();
+        freshness.covered(Part::Probe, old);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let waiter = {
+            let freshness = freshness.clone();
+            tokio::spawn(async move {
+                freshness
+                    .wait(Instant::now() + Duration::from_secs(1))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        freshness.covered(Part::Probe, coverage.now());
+        assert!(waiter.await.unwrap());
+        let start = Instant::now();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(
+            !freshness
+                .wait(Instant::now() + Duration::from_millis(500))
+                .await
+        );
+        assert!(Instant::now() >= start + Duration::from_millis(3_500));
     }
 }

@@ -330,7 +330,7 @@ mod tests {
     /// order is not pinned (the exposition sorts by name).
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 50] = [
+        let pinned: [(&str, &[&str]); 51] = [
             ("history_view_build_info", &["version"]),
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
@@ -359,6 +359,7 @@ mod tests {
             ("history_view_persister_lag_exceeded_total", &[]),
             ("history_view_jetstream_last_sequence", &["stream"]),
             ("history_view_jetstream_pending", &["stream"]),
+            ("history_view_jetstream_refusing", &["stream", "cause"]),
             ("history_view_jetstream_resumes_total", &["outcome"]),
             ("history_view_jetstream_gaps_total", &["cause"]),
             ("history_view_jetstream_streams", &[]),

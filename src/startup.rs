@@ -83,7 +83,10 @@ impl Application {
         )
         .await
         .context("invalid --mongodb-uri (HISTORY_VIEW_MONGODB_URI)")?;
-        let freshness = Freshness::new();
+        let freshness = Freshness::new(
+            coverage.clone(),
+            crate::source::Timing::for_lag(config.bounds.persist_lag).silence,
+        );
         let views = ViewCache::new(
             store.clone(),
             metrics.clone(),
@@ -101,8 +104,9 @@ impl Application {
         let (events_tx, connection_events) = core::connection_events();
         let callback_coverage = coverage.clone();
         let source = config.nats.source;
+        let witness = config.witness();
         let nats = connect::connect(&config.nats, &access, move |event| {
-            core::on_connection_event(&callback_coverage, source, &events_tx, event);
+            core::on_connection_event(&callback_coverage, source, witness, &events_tx, event);
         })
         .await
         .with_context(|| {

@@ -92,11 +92,25 @@ async fn serve(
     )
     .await
     .expect("a store client");
+    // The live source proves what it applied every quarter of the window, as Core NATS's probes do.
+    let freshness = chat_history_view::freshness::Freshness::new(
+        coverage.clone(),
+        chat_history_view::source::Timing::for_lag(config.bounds.persist_lag).silence,
+    );
+    tokio::spawn({
+        let (coverage, freshness) = (coverage.clone(), freshness.clone());
+        async move {
+            loop {
+                freshness.covered(chat_history_view::freshness::Part::Probe, coverage.now());
+                tokio::time::sleep(freshness.prove_every()).await;
+            }
+        }
+    });
     let views = ViewCache::new(
         store,
         metrics.clone(),
         coverage.clone(),
-        chat_history_view::freshness::Freshness::new(),
+        freshness,
         CacheSetup {
             settings: config.cache.clone(),
             shadow: config.shadow.clone(),

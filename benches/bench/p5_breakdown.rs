@@ -271,8 +271,8 @@ async fn breakdown(mix: &Mix, mongo_uri: &str) -> Breakdown {
     let views = ViewCache::new(
         store,
         metrics.clone(),
-        coverage,
-        Freshness::new(),
+        coverage.clone(),
+        Freshness::new(coverage, config.bounds.persist_lag),
         CacheSetup {
             settings,
             shadow: config.shadow.clone(),

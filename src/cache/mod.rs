@@ -323,11 +323,11 @@ impl<S: StoreReads> ViewCache<S> {
     ) -> Result<Answer<F>, ReadError> {
         let entry = self.entry(thread_id).await;
         entry.read_now(&self.coverage);
-        let catch_up = self.coverage.catch_up();
-        if !catch_up.is_caught_up() {
-            // A resumed JetStream consumer has not delivered what its stream held yet: a complete view may lack it
-            // for a moment. Wait for it, but within part of the read's time, then read the store.
-            catch_up
+        if !self.freshness.serves() && !self.coverage.catch_up().blocked() {
+            // The source has not proved it applied everything stored up to the window before now (a consumer
+            // behind its stream, a resumed one, a frozen link): a complete view may lack it. Wait for it within
+            // part of the read's time, then read the store; not for a lane that lasts until someone acts.
+            self.freshness
                 .wait(Instant::now() + self.bounds.store_timeout / 2)
                 .await;
         }
@@ -446,15 +446,16 @@ impl<S: StoreReads> ViewCache<S> {
     }
 
     /// The answer of a complete view; `None` (and the view downgraded if it was complete as of an older epoch: a
-    /// gap or a removal happened since) otherwise, and while a resumed live source has not caught up (the view may
-    /// lack what its stream still holds).
+    /// gap or a removal happened since) otherwise, and while the source has not proved that it applied everything
+    /// stored up to the window before now (the rule, [`Freshness::serves`]: the view may lack what its stream still
+    /// holds).
     fn complete_answer<F: Form>(
         &self,
         entry: &Entry,
         primary: Option<&Identity>,
         source: Source,
     ) -> Option<Answer<F>> {
-        if !self.coverage.catch_up().is_caught_up() {
+        if !self.freshness.serves() {
             return None;
         }
         let mut view = entry.lock_view(&self.metrics);

@@ -16,7 +16,7 @@ use super::{
 use crate::coverage::{self, Coverage};
 use crate::decode::{Decoded, ViewEvent, decode_payload};
 use crate::explain::{RowMeta, ViewFates};
-use crate::freshness::Freshness;
+use crate::freshness::{Freshness, Part};
 use crate::metrics::Metrics;
 use crate::shadow::{ShadowSettings, StoredRow, Verdict};
 use crate::store::{Bounds, Hydration, StoreBounds, StoreError, StoreReads, VisibleDisplays};
@@ -274,6 +274,19 @@ struct Scene {
     views: ViewCache<FakeStore>,
     store: FakeStore,
     coverage: Coverage,
+    freshness: Freshness,
+    /// Whether the live source keeps proving what it applied ([`probes`]).
+    probing: Arc<AtomicBool>,
+}
+
+/// The live source as Core NATS is: a round-trip probe applied every quarter of the window, while `probing`.
+async fn probes(coverage: Coverage, freshness: Freshness, probing: Arc<AtomicBool>) {
+    loop {
+        if probing.load(Ordering::Acquire) {
+            freshness.covered(Part::Probe, coverage.now());
+        }
+        tokio::time::sleep(freshness.prove_every()).await;
+    }
 }
 
 impl Scene {
@@ -317,17 +330,26 @@ impl Scene {
             },
             gap_window: Duration::from_secs(12),
         };
+        let freshness = Freshness::new(coverage.clone(), LAG);
         let views = ViewCache::new(
             store.clone(),
             Metrics::new(),
             coverage.clone(),
-            Freshness::new(),
+            freshness.clone(),
             setup,
         );
+        let probing = Arc::new(AtomicBool::new(true));
+        tokio::spawn(probes(
+            coverage.clone(),
+            freshness.clone(),
+            Arc::clone(&probing),
+        ));
         Self {
             views,
             store,
             coverage,
+            freshness,
+            probing,
         }
     }
 
@@ -676,7 +698,9 @@ async fn a_failure_followed_by_a_gap_counts_as_a_window_and_verify_reports_it_on
         .store
         .persist(&chunk("d1", "unseen", 3, "missed-live"));
     assert_eq!(scene.read().await.unwrap().source, Source::Cache);
-    // A dead link noticed after the read: what the read lacked is not a promise broken.
+    // A dead link noticed after the read (its probes stop coming back): what the read lacked is not a promise
+    // broken.
+    scene.probing.store(false, Ordering::Release);
     tokio::time::sleep(LAG + Duration::from_secs(1)).await;
     scene.coverage.gap(scene.coverage.now());
     tokio::time::sleep(Duration::from_secs(13)).await;
@@ -684,6 +708,7 @@ async fn a_failure_followed_by_a_gap_counts_as_a_window_and_verify_reports_it_on
     assert_eq!(shadow_checks(&scene.views, "missing"), 0.0);
 
     // On demand: the view (hydrated again) holds the row now.
+    scene.probing.store(true, Ordering::Release);
     scene.past_the_bound().await;
     scene.read().await.unwrap();
     let report = verified(&scene.views).await;
@@ -1300,4 +1325,38 @@ mod spans {
         assert!(is_child_of(&fills[0], &spans.one("asker")));
         assert_eq!(fills[1].parent_span_id, SpanId::INVALID);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_complete_view_is_answered_from_memory_only_while_the_source_proves_the_window() {
+    let scene = Scene::new();
+    scene.complete_thread().await;
+    // The source stops proving what it applied (a consumer behind its stream, a frozen link).
+    scene.probing.store(false, Ordering::Release);
+    tokio::time::sleep(scene.freshness.window()).await;
+    let asked = tokio::time::Instant::now();
+    let answer = scene.read().await.unwrap();
+    assert_eq!(
+        answer.source,
+        Source::Store,
+        "the view may lack what was stored a window ago"
+    );
+    assert!(
+        tokio::time::Instant::now() >= asked + Duration::from_secs(1),
+        "it waited half the store timeout for the source first"
+    );
+    // A read that waits is answered from memory as soon as the source proves it again.
+    let reader = scene.spawn_read();
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!reader.is_finished(), "waiting for the source");
+    scene.probing.store(true, Ordering::Release);
+    let answer = reader.await.unwrap().unwrap();
+    assert_eq!(answer.source, Source::Cache);
+    // Its covered-through instant is the one the rule judged: within the window.
+    let covered = answer.covered_through.unwrap();
+    let age = std::time::SystemTime::now()
+        .duration_since(covered)
+        .unwrap_or_default();
+    assert!(age <= scene.freshness.window(), "{age:?}");
 }

@@ -159,7 +159,7 @@ impl<S: StoreReads> ViewCache<S> {
         loop {
             let now = Instant::now();
             let from = self.coverage.complete_from();
-            if self.coverage.catch_up().is_caught_up()
+            if self.coverage.catch_up().lanes_caught_up()
                 && from.is_some_and(|from| self.coverage.instant(from) <= now)
             {
                 return true;

@@ -65,10 +65,17 @@ pub struct StreamState {
     pub first_time: SystemTime,
     /// Messages deleted between the first and the last (not counting what aged out from the front).
     pub deleted: u64,
+    /// The deleted sequences themselves, when the reading asked for them ([`Api::stream_state_with_deleted`]).
+    pub deleted_list: Option<Vec<u64>>,
+    /// Messages and bytes it holds.
+    pub messages: u64,
+    pub bytes: u64,
+    /// The largest message it may be asked to store: its `max_msg_size`, else the server's `max_payload`.
+    pub max_message: u64,
     pub subjects: Vec<String>,
     /// Partitioned stream: its sources as it reports them.
     pub sources: Vec<SourceState>,
-    /// Partitioned stream: its configuration (to add sources and check its transform).
+    /// Its configuration (limits, discard policy, sealed; partitioned: its sources and transform).
     pub config: Config,
 }
 
@@ -114,8 +121,6 @@ pub struct Delivery {
     pub consumer_seq: u64,
     /// Messages matching the filter still after it when it was delivered.
     pub pending: u64,
-    /// When the stream stored it.
-    pub published: SystemTime,
 }
 
 /// The JetStream calls of the source.
@@ -130,6 +135,18 @@ pub trait Api: Clone + Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<StreamState, ApiError>> + Send;
+
+    /// One stream's state with the list of its deleted sequences (the server sends it whole).
+    fn stream_state_with_deleted(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<StreamState, ApiError>> + Send;
+
+    /// The names of the streams whose subjects overlap `subject`.
+    fn streams_capturing(
+        &self,
+        subject: &str,
+    ) -> impl Future<Output = Result<Vec<String>, ApiError>> + Send;
 
     /// An ephemeral pull consumer of `stream` on `filters`, acknowledging nothing, from `start`.
     fn create_consumer(
@@ -166,14 +183,54 @@ pub trait Consumer: Send + 'static {
 #[derive(Clone)]
 pub struct NatsApi {
     context: Context,
+    client: async_nats::Client,
 }
 
 impl NatsApi {
     pub fn new(client: async_nats::Client) -> Self {
         Self {
-            context: jetstream::new(client),
+            context: jetstream::new(client.clone()),
+            client,
         }
     }
+
+    /// The stream's info, with its deleted sequences if asked.
+    async fn info(&self, name: &str, deleted: bool) -> Result<StreamState, ApiError> {
+        let stream = self
+            .context
+            .get_stream_no_info(name)
+            .await
+            .map_err(|e| match e.kind() {
+                GetStreamErrorKind::JetStream(js) => classify(js.error_code(), &js),
+                _ => classify_text(&e),
+            })?;
+        let info = if deleted {
+            stream
+                .info_builder()
+                .with_deleted(true)
+                .fetch()
+                .await
+                .map_err(|e| classify_text(&e))?
+                .info
+        } else {
+            stream.get_info().await.map_err(|e| classify_text(&e))?
+        };
+        let mut state = state_of(&info);
+        if state.max_message == 0 {
+            state.max_message =
+                u64::try_from(self.client.server_info().max_payload).unwrap_or(u64::MAX);
+        }
+        Ok(state)
+    }
+}
+
+/// A page of `$JS.API.STREAM.NAMES`.
+#[derive(serde::Deserialize)]
+struct NamesPage {
+    #[serde(default)]
+    total: usize,
+    #[serde(default)]
+    streams: Option<Vec<String>>,
 }
 
 /// An async-nats pull consumer and its message stream (opened on the first [`Consumer::next`]).
@@ -206,16 +263,39 @@ impl Api for NatsApi {
     }
 
     async fn stream_state(&self, name: &str) -> Result<StreamState, ApiError> {
-        let stream = self
-            .context
-            .get_stream_no_info(name)
-            .await
-            .map_err(|e| match e.kind() {
-                GetStreamErrorKind::JetStream(js) => classify(js.error_code(), &js),
-                _ => classify_text(&e),
-            })?;
-        let info = stream.get_info().await.map_err(|e| classify_text(&e))?;
-        Ok(state_of(&info))
+        self.info(name, false).await
+    }
+
+    async fn stream_state_with_deleted(&self, name: &str) -> Result<StreamState, ApiError> {
+        self.info(name, true).await
+    }
+
+    async fn streams_capturing(&self, subject: &str) -> Result<Vec<String>, ApiError> {
+        let mut names = Vec::new();
+        loop {
+            let page: jetstream::response::Response<NamesPage> = self
+                .context
+                .request(
+                    "STREAM.NAMES",
+                    &serde_json::json!({ "subject": subject, "offset": names.len() }),
+                )
+                .await
+                .map_err(|e| classify_text(&e))?;
+            let page = match page {
+                jetstream::response::Response::Ok(page) => page,
+                jetstream::response::Response::Err { error } => {
+                    return Err(classify(error.error_code(), &error));
+                }
+            };
+            let streams = page.streams.unwrap_or_default();
+            if streams.is_empty() {
+                return Ok(names);
+            }
+            names.extend(streams);
+            if names.len() >= page.total {
+                return Ok(names);
+            }
+        }
     }
 
     async fn create_consumer(
@@ -300,12 +380,7 @@ impl Consumer for NatsConsumer {
             Err(error) => return Some(Err(classify_text(&error))),
         };
         let info = match message.info() {
-            Ok(info) => (
-                info.stream_sequence,
-                info.consumer_sequence,
-                info.pending,
-                info.published,
-            ),
+            Ok(info) => (info.stream_sequence, info.consumer_sequence, info.pending),
             Err(error) => return Some(Err(ApiError::Other(error.to_string()))),
         };
         let message = message.message;
@@ -316,7 +391,6 @@ impl Consumer for NatsConsumer {
             stream_seq: info.0,
             consumer_seq: info.1,
             pending: info.2,
-            published: wall(info.3),
         }))
     }
 }
@@ -337,6 +411,10 @@ fn state_of(info: &Info) -> StreamState {
         last_seq: info.state.last_sequence,
         first_time: wall(first_time),
         deleted: info.state.deleted_count.unwrap_or(0),
+        deleted_list: info.state.deleted.clone(),
+        messages: info.state.messages,
+        bytes: info.state.bytes,
+        max_message: u64::try_from(info.config.max_message_size).unwrap_or(0),
         subjects: info.config.subjects.clone(),
         sources: info
             .sources

@@ -1,18 +1,20 @@
 //! One consumed stream's loop: creates an ephemeral consumer where the [`Position`] says, applies its deliveries,
-//! and checks the stream every [`super::Timing::interval`] (right after each consumer is created too): a reading
-//! of the stream, the consumer's state, a second reading ([`Position::judge`], [`Position::confirm`]). A request
+//! and checks the stream every [`super::Timing::check`] (right after each consumer is created too): a reading
+//! of the stream, the consumer's state, a second reading ([`Position::judge`], [`Position::confirm`]), which prove
+//! the stream's part of the covered-through instant ([`Position::covered`]) and whether it still takes display
+//! events ([`rule::refusal`]). A request
 //! that fails or outlasts [`super::Timing::request_timeout`], a delivery lost on the way, two missed heartbeats
 //! or a lost connection end the consumer; the next one resumes after the last message applied, and the stream is
 //! behind until that one has caught up ([design 2.1.4](../../docs/design.md#2.1.4)).
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
 use super::api::{Api, ApiError, Consumer, ConsumerState, Start, StreamState};
-use super::rule::{Judgement, Position};
-use super::{GapCause, JetStreamSource, Lane, Sink, SourceEvent, filter_subjects};
+use super::rule::{self, Judgement, Position};
+use super::{GapCause, JetStreamSource, Lane, Refusal, Sink, SourceEvent, filter_subjects};
 
 /// Backoff between attempts to (re)create a consumer.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -31,6 +33,20 @@ enum Ended {
     Resume {
         progressed: bool,
     },
+}
+
+/// What a stream's loop keeps across its consumers.
+#[derive(Default)]
+struct Watched {
+    /// The display-event filters the stream was first consumed on (class streams): its subjects must keep
+    /// covering them.
+    consumed_on: Option<Vec<String>>,
+    /// Why the stream refuses display events, while it does.
+    refused: Option<Refusal>,
+    /// The filters of the consumer now.
+    filters: Vec<String>,
+    /// Partitioned: proofs of the sources waiting for the consumer to apply through them.
+    proofs: super::partitioned::SourceProofs,
 }
 
 /// A request of a check or a resume that failed or took too long.
@@ -56,10 +72,11 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         tracker.emit(SourceEvent::StreamAdded(&name));
         let mut first = first;
         let mut position: Option<Position> = None;
+        let mut watched = Watched::default();
         let mut backoff = MIN_BACKOFF;
         loop {
             match self
-                .consume_once(&name, &lane, first, &mut position, &stop)
+                .consume_once(&name, &lane, first, &mut position, &mut watched, &stop)
                 .await
             {
                 Ended::Stopped => break,
@@ -97,6 +114,13 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 }
             }
         }
+        if let Some(was) = watched.refused.take() {
+            tracker.emit(SourceEvent::Refusing {
+                stream: &name,
+                now: None,
+                was: Some(was),
+            });
+        }
         tracker.emit(SourceEvent::StreamRemoved(&name));
         self.forget_consumed(&name);
     }
@@ -124,6 +148,18 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         self.request(self.inner.api.stream_state(name)).await
     }
 
+    /// A reading to judge `read` by: taken again with the deleted sequences when the count alone cannot tell
+    /// whether an unread message was deleted ([`Position::needs_deleted_list`]).
+    async fn judged_state(&self, name: &str, read: &Position) -> Result<StreamState, Failed> {
+        let state = self.stream_state(name).await?;
+        if read.needs_deleted_list(&state) {
+            return self
+                .request(self.inner.api.stream_state_with_deleted(name))
+                .await;
+        }
+        Ok(state)
+    }
+
     /// Creates a consumer where `position` says (judging the resume) and applies its deliveries until it ends.
     async fn consume_once(
         &self,
@@ -131,12 +167,17 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         lane: &Lane,
         first: Start,
         position: &mut Option<Position>,
+        watched: &mut Watched,
         stop: &CancellationToken,
     ) -> Ended {
         let tracker = &self.inner.tracker;
         let generation = tracker.resuming(lane);
         let mut epochs = tracker.coverage().catch_up().epochs();
-        let state = match self.stream_state(name).await {
+        let state = match position.as_ref() {
+            Some(read) => self.judged_state(name, read).await,
+            None => self.stream_state(name).await,
+        };
+        let state = match state {
             Ok(state) => state,
             Err(failed) => return failed.into(),
         };
@@ -153,23 +194,31 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         let Some(position) = position.as_mut() else {
             return Ended::Resume { progressed: false };
         };
-        let filters = match &self.inner.settings.partitioned {
+        let mut filters = match &self.inner.settings.partitioned {
             Some((partitioning, _)) => vec![partitioning.filter_subject()],
             None => filter_subjects(&state.subjects, &self.inner.settings.subject),
         };
-        if filters.is_empty() {
+        if filters.is_empty() && watched.consumed_on.is_none() {
             return Ended::NoSubjects;
         }
+        if self.inner.settings.partitioned.is_none() {
+            let consumed_on = watched.consumed_on.get_or_insert_with(|| filters.clone());
+            if filters.is_empty() {
+                // It captured display events once: it refuses them now (its subjects were edited).
+                filters.clone_from(consumed_on);
+            }
+        }
         let mut consumer = match self
-            .request(self.inner.api.create_consumer(name, filters, start))
+            .request(self.inner.api.create_consumer(name, filters.clone(), start))
             .await
         {
             Ok(consumer) => consumer,
             Err(failed) => return failed.into(),
         };
+        watched.filters = filters;
         let mut delivered = 0u64;
         let mut caught_up = false;
-        let mut checks = tokio::time::interval(tracker.timing().interval);
+        let mut checks = tokio::time::interval(tracker.timing().check);
         checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // One cancellation future for the whole loop, not one registered and dropped per message.
         let stopped = stop.cancelled();
@@ -184,7 +233,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 }
                 // The first tick is at once: a new consumer is checked before anything is served from memory.
                 _ = checks.tick() => {
-                    match self.check(name, lane, generation, position, &mut consumer, delivered).await {
+                    match self.check(name, generation, position, watched, &mut consumer, delivered).await {
                         Ok(drained) => caught_up |= drained,
                         Err(ended) => return ended,
                     }
@@ -211,17 +260,19 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                         None => subject,
                     };
                     self.inner.sink.apply(subject, &delivery.payload, delivery.headers.as_ref()).await;
+                    if self.inner.settings.partitioned.is_some() {
+                        self.copied_applied(delivery.headers.as_ref());
+                    }
                     position.applied = Some(delivery.stream_seq);
                     tracker.emit(SourceEvent::Applied {
                         stream: name,
                         subject,
                         sequence: delivery.stream_seq,
                         pending: delivery.pending,
-                        published: delivery.published,
                     });
                     if delivery.pending == 0 && !caught_up {
                         // Caught up as far as this consumer knows: confirm it now rather than at the next tick.
-                        match self.check(name, lane, generation, position, &mut consumer, delivered).await {
+                        match self.check(name, generation, position, watched, &mut consumer, delivered).await {
                             Ok(drained) => caught_up |= drained,
                             Err(ended) => return ended,
                         }
@@ -267,46 +318,91 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
     }
 
     /// A check: a reading of the stream, the consumer's state, a reading after it. Records any loss, raises the
-    /// read-through position, confirms the lane until the silence bound, and returns whether the consumer was
-    /// drained. Any request that fails or takes too long ends the consumer (the stream is behind until the next
-    /// one catches up).
+    /// read-through position, records what it proves applied (the stream's part of the covered-through instant) and
+    /// whether the stream refuses display events, and returns whether the consumer was drained. Any request that
+    /// fails or takes too long ends the consumer (the stream's part stays where it was until the next one proves
+    /// more).
     async fn check(
         &self,
         name: &str,
-        lane: &Lane,
         generation: u64,
         position: &mut Position,
+        watched: &mut Watched,
         consumer: &mut A::Consumer,
         delivered: u64,
     ) -> Result<bool, Ended> {
-        let started = Instant::now();
-        let asked = SystemTime::now();
+        let coverage = self.inner.tracker.coverage();
+        let asked = coverage.now();
         let before = self.stream_state(name).await.map_err(Ended::from)?;
         let consumer_state: ConsumerState =
             self.request(consumer.state()).await.map_err(Ended::from)?;
-        let after = self.stream_state(name).await.map_err(Ended::from)?;
+        let after = self
+            .judged_state(name, position)
+            .await
+            .map_err(Ended::from)?;
         if self.judge(name, position, &after, false).is_none() {
             return Err(Ended::Recreated);
         }
         let drained = position.confirm(&before, &consumer_state, delivered);
+        self.judge_refusal(name, &after, watched);
+        if self.inner.settings.partitioned.is_none() {
+            let now = filter_subjects(&after.subjects, &self.inner.settings.subject);
+            if !now.is_empty() && now != watched.filters {
+                // Its subjects were edited: a consumer on the new filters, after a gap (messages on subjects the old
+                // filters left out were passed unread).
+                tracing::warn!(
+                    stream = name,
+                    "the stream's subjects changed; consuming it on its new subjects"
+                );
+                self.inner.tracker.emit(SourceEvent::Gap {
+                    stream: name,
+                    cause: GapCause::Subjects,
+                    at: None,
+                });
+                return Err(Ended::Resume { progressed: true });
+            }
+        }
         if !after.quorum {
-            // Its leader may be storing nothing: not confirmed, so the lease lapses and the stream is behind.
+            // Its leader may be storing nothing: nothing proved, so the stream's part of the instant stays behind.
             tracing::debug!(
                 stream = name,
                 "the stream's leader has not heard from a quorum of its replicas lately"
             );
             return Ok(false);
         }
+        let covered = position.covered(asked, &before, drained);
         self.inner.tracker.emit(SourceEvent::Confirmed {
-            lane,
+            stream: name,
             generation,
             drained,
-            asked,
-            started,
+            covered,
         });
         if self.inner.settings.partitioned.is_some() {
-            self.judge_sources(&after, drained);
+            self.judge_sources(
+                &before,
+                asked,
+                drained,
+                position.through,
+                &mut watched.proofs,
+            );
         }
         Ok(drained)
+    }
+
+    /// Records whether the stream (its reading `state`) refuses display events now.
+    fn judge_refusal(&self, name: &str, state: &StreamState, watched: &mut Watched) {
+        let consumed = watched
+            .consumed_on
+            .as_deref()
+            .map(|filters| (filters, self.inner.settings.subject.as_str()));
+        let now = rule::refusal(state, consumed);
+        if now != watched.refused {
+            self.inner.tracker.emit(SourceEvent::Refusing {
+                stream: name,
+                now,
+                was: watched.refused,
+            });
+            watched.refused = now;
+        }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_nats::{Event, Message, Subscriber};
 use futures_util::StreamExt;
@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::coverage::Coverage;
-use crate::freshness;
+use crate::coverage::Stamp;
+use crate::freshness::Part;
 use crate::ingest::{EventOutcome, Ingest};
 use crate::source::Source;
 use crate::source::connect::ConnectionLog;
@@ -104,7 +105,7 @@ impl Ingest {
     /// connection state, and sends the worker's round-trip probes on `probe` (its own inbox subject): after every
     /// (re)connect until one comes back, which confirms the subscription (a probe comes back only after the server
     /// has processed everything sent before it, the re-sent subscription included; a `Connected` event comes before
-    /// the subscription is re-sent), and every [`freshness::PROBE_EVERY`] after that, whose replies, handed over by
+    /// the subscription is re-sent), and every [`crate::freshness::Freshness::prove_every`] after that, whose replies, handed over by
     /// the ingest loop once it has applied what came before them (`applied`), move the covered-through instant.
     /// Gaps are recorded earlier, in the connection callback ([`on_connection_event`]).
     ///
@@ -148,14 +149,14 @@ impl Ingest {
                         if self.coverage.confirm_live(probe.connection, self.coverage.now()) {
                             tracing::info!("NATS subscription confirmed: live coverage starts");
                         }
-                        self.freshness.probe_applied(probe.wall);
+                        self.freshness.covered(Part::Probe, probe.stamp);
                     }
                     false
                 }
                 _ = tick.tick() => {
                     skipped = self.count_skipped(&client, skipped);
                     let last = last_sent.filter(|p| p.connection == self.coverage.connection());
-                    let every = if self.coverage.is_live() { freshness::PROBE_EVERY } else { PROBE_TIMEOUT };
+                    let every = if self.coverage.is_live() { self.freshness.prove_every() } else { PROBE_TIMEOUT };
                     applied.is_some()
                         && client.connection_state() == async_nats::connection::State::Connected
                         && last.is_none_or(|p| p.at.elapsed() >= every)
@@ -167,7 +168,7 @@ impl Ingest {
                     sequence,
                     connection: self.coverage.connection(),
                     at: std::time::Instant::now(),
-                    wall: SystemTime::now(),
+                    stamp: self.coverage.now(),
                 };
                 match client
                     .publish(probe_subject.clone(), sequence.to_string().into())
@@ -289,8 +290,8 @@ struct SentProbe {
     /// The coverage's connection epoch when it was sent.
     connection: u64,
     at: std::time::Instant,
-    /// When it was sent, on the wall clock (the covered-through instant it proves once answered).
-    wall: SystemTime,
+    /// When it was sent (the covered-through instant it proves once answered).
+    stamp: Stamp,
 }
 
 /// Whether a connection event means events may have been missed.
@@ -315,6 +316,7 @@ fn is_gap(event: &Event) -> bool {
 pub fn on_connection_event(
     coverage: &Coverage,
     source: Source,
+    witness: bool,
     watcher: &mpsc::Sender<Event>,
     event: Event,
 ) {
@@ -322,10 +324,22 @@ pub fn on_connection_event(
     let lost = |disconnected: bool| match source {
         Source::Core if disconnected => coverage.disconnected(now),
         Source::Core => coverage.gap(now),
-        Source::JetStream => coverage.catch_up().connection_lost(),
+        Source::JetStream => {
+            coverage.catch_up().connection_lost();
+            if witness {
+                // The Core witness's own sightings may be lost (a slow consumer, the link down): what it did not
+                // see it cannot judge, so every view is partial, as on Core NATS.
+                coverage.gap(now);
+            }
+        }
     };
     match event {
         Event::Disconnected | Event::Closed => lost(true),
+        Event::Connected if witness && source == Source::JetStream => {
+            // The witness's subscription is sent again right after this: what was published before it reached the
+            // server was not witnessed. A gap a margin later covers that moment.
+            coverage.gap(now.plus(WITNESS_RESUBSCRIBED));
+        }
         ref other if is_gap(other) => lost(false),
         _ => {}
     }
@@ -335,6 +349,10 @@ pub fn on_connection_event(
         Err(mpsc::error::TrySendError::Full(_)) => lost(false),
     }
 }
+
+/// After a reconnect, how long the Core witness's subscription is taken to need to be in place again (async-nats
+/// sends the subscriptions right after it reports the connection; the server processes them in order).
+const WITNESS_RESUBSCRIBED: Duration = Duration::from_secs(1);
 
 /// The queue between the connection callback and the watcher.
 pub fn connection_events() -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {

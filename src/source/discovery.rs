@@ -5,14 +5,15 @@
 //! stream, JetStream unavailable, or the listing refused, nothing is served from memory and `/readyz` says why
 //! ([design 2.1.3](../../docs/design.md#2.1.3)). The worker creates no class stream and only ephemeral consumers.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
 use super::api::{Api, ApiError, Start};
-use super::{CLOCK_SKEW_MARGIN, GapCause, Lane, Sink, SourceEvent, Tracker};
+use super::upstream::Upstream;
+use super::{CLOCK_SKEW_MARGIN, GapCause, Lane, Refusal, Sink, SourceEvent, Tracker};
 use crate::partition::{Partitioning, StreamSettings};
 
 /// How long listing the streams may take: several pages of names. Nothing served waits for it (each consumed
@@ -59,9 +60,13 @@ pub(super) struct Inner<A, S> {
     consumed: Mutex<HashSet<String>>,
     /// The fail-closed state, so that it is logged when it changes (and every [`REPEAT_ERROR`]).
     failing: Mutex<Option<(String, tokio::time::Instant)>>,
+    /// Streams the name pattern misses that capture display-event subjects ([`Refusal::Unmatched`]).
+    unmatched: Mutex<HashSet<String>>,
+    /// Partitioned: what is known of each class stream upstream (fed by the rounds and the consumer loop).
+    pub(super) upstream: Mutex<HashMap<String, Upstream>>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Changed by single inserts, removals and assignments: a panic cannot leave it torn.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -76,6 +81,8 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 settings,
                 consumed: Mutex::new(HashSet::new()),
                 failing: Mutex::new(None),
+                unmatched: Mutex::new(HashSet::new()),
+                upstream: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -195,6 +202,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                     return None;
                 }
                 self.open();
+                self.judge_unmatched().await;
                 Some(matching)
             }
             Ok(Err(error @ (ApiError::Unavailable(_) | ApiError::Denied(_)))) => {
@@ -211,6 +219,43 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 tracing::debug!("listing the streams took too long; trying again");
                 None
             }
+        }
+    }
+
+    /// Streams the name pattern misses that capture display-event subjects: their classes' events may reach no
+    /// consumed stream, so each is a refusing lane while it lasts. A listing that fails keeps the last judgement.
+    async fn judge_unmatched(&self) {
+        let settings = &self.inner.settings;
+        let capturing = tokio::time::timeout(
+            self.inner.tracker.timing().request_timeout,
+            self.inner.api.streams_capturing(&settings.subject),
+        )
+        .await;
+        let Ok(Ok(capturing)) = capturing else {
+            tracing::debug!("cannot list the streams capturing display events; trying again");
+            return;
+        };
+        let partitioned = settings.partitioned.as_ref().map(|(_, s)| s.name.as_str());
+        let now: HashSet<String> = capturing
+            .into_iter()
+            .filter(|name| {
+                !matches_pattern(&settings.streams, name) && Some(name.as_str()) != partitioned
+            })
+            .collect();
+        let before = std::mem::replace(&mut *lock(&self.inner.unmatched), now.clone());
+        for name in before.difference(&now) {
+            self.inner.tracker.emit(SourceEvent::Refusing {
+                stream: name,
+                now: None,
+                was: Some(Refusal::Unmatched),
+            });
+        }
+        for name in now.difference(&before) {
+            self.inner.tracker.emit(SourceEvent::Refusing {
+                stream: name,
+                now: Some(Refusal::Unmatched),
+                was: None,
+            });
         }
     }
 

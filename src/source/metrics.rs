@@ -7,6 +7,7 @@ use prometheus::{IntCounterVec, IntGauge, IntGaugeVec};
 
 use super::GapCause;
 use super::witness::WitnessOutcome;
+use crate::catch_up::Refusal;
 use crate::metrics::{Registrar, gauge_value, preset};
 
 /// What a JetStream consumer's resume found ([design 2.1.3](../../docs/design.md#2.1.3)).
@@ -62,6 +63,7 @@ pub struct SourceMetrics {
     gaps: IntCounterVec,
     streams: IntGauge,
     behind: IntGauge,
+    refusing: IntGaugeVec,
     witnessed: IntCounterVec,
 }
 
@@ -98,7 +100,10 @@ impl SourceMetrics {
                  hydrates again), by cause: removed (messages removed from the front before they were read), deleted \
                  (messages deleted while unread), recreated (another stream under the same name), new_leader (a \
                  replicated stream's new leader), stream_deleted, new_stream (a stream found after the start), \
-                 upstream (partitioned: a class stream sourced anew, recreated, under a new leader or deleted).",
+                 upstream (partitioned: a class stream sourced anew, recreated, under a new leader or deleted, or one \
+                 that removed messages its source had not copied), refused (a stream that refused display events \
+                 takes them again), subjects (a stream's subjects changed), witness (the Core witness's own \
+                 subscription may have lost a sighting).",
                 &["cause"],
             ),
             streams: registrar.gauge(
@@ -116,7 +121,16 @@ impl SourceMetrics {
             behind: registrar.gauge(
                 "history_view_jetstream_behind",
                 "Whether the JetStream source is behind: 1 while a lane is (a stream resuming, a class stream not \
-                 sourced or not confirmed, a stalled source, no stream; reads wait or go to the store), else 0.",
+                 sourced or not confirmed, a stalled source, a refusing stream, no stream; reads wait or go to the \
+                 store), else 0.",
+            ),
+            refusing: registrar.gauge_vec(
+                "history_view_jetstream_refusing",
+                "Whether a stream cannot take or keep display events (1 while it lasts), by stream and cause: full (discard: new at a \
+                 limit), sealed, subjects (its subjects no longer cover the display-event subjects it was consumed \
+                 on), unmatched (a stream the name pattern misses captures display-event subjects). Nothing is \
+                 served from memory meanwhile; 0 once it is over.",
+                &["stream", "cause"],
             ),
         };
         // The watcher runs with either source; the resumes have been exported by every worker from the start.
@@ -171,6 +185,13 @@ impl SourceMetrics {
     /// Whether the JetStream source is behind.
     pub fn jetstream_behind(&self, behind: bool) {
         self.behind.set(i64::from(behind));
+    }
+
+    /// Whether `stream` refuses display events for `cause`.
+    pub fn jetstream_refusing(&self, stream: &str, cause: Refusal, refusing: bool) {
+        self.refusing
+            .with_label_values(&[stream, cause.label()])
+            .set(i64::from(refusing));
     }
 
     /// `count` events judged by the Core witness alike.

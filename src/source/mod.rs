@@ -19,8 +19,8 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use crate::coverage::Coverage;
-use crate::freshness::Freshness;
+use crate::coverage::{Coverage, Stamp};
+use crate::freshness::{Freshness, Part};
 use crate::metrics::Metrics;
 
 pub mod api;
@@ -34,9 +34,10 @@ mod rule;
 pub mod settings;
 #[cfg(test)]
 mod tests;
+mod upstream;
 pub mod witness;
 
-pub use crate::catch_up::{CatchUp, Lane};
+pub use crate::catch_up::{CatchUp, Lane, Refusal};
 pub use discovery::{JetStreamSettings, JetStreamSource, filter_subjects, matches_pattern};
 pub use metrics::{ResumeOutcome, SourceMetrics};
 pub use settings::Source;
@@ -73,12 +74,20 @@ pub enum GapCause {
     StreamDeleted,
     /// A stream found after the start: events of its class before it existed were in no stream.
     NewStream,
-    /// Partitioned: a class stream sourced for the first time, recreated, under a new leader, or deleted.
+    /// Partitioned: a class stream sourced for the first time, recreated, under a new leader, or deleted, or one
+    /// that removed messages its source had not copied yet.
     Upstream,
+    /// A stream that refused display events is taking them again: those refused meanwhile reached no stream.
+    Refused,
+    /// A stream's subjects changed: messages on subjects its consumer's filters left out were passed unread.
+    Subjects,
+    /// The Core witness's own subscription may have lost an event (a slow consumer, a lost connection): what it
+    /// did not see it cannot judge.
+    Witness,
 }
 
 impl GapCause {
-    pub const ALL: [GapCause; 7] = [
+    pub const ALL: [GapCause; 10] = [
         GapCause::Removed,
         GapCause::Deleted,
         GapCause::Recreated,
@@ -86,6 +95,9 @@ impl GapCause {
         GapCause::StreamDeleted,
         GapCause::NewStream,
         GapCause::Upstream,
+        GapCause::Refused,
+        GapCause::Subjects,
+        GapCause::Witness,
     ];
 
     /// The `cause` label of `history_view_jetstream_gaps_total`.
@@ -98,29 +110,36 @@ impl GapCause {
             GapCause::StreamDeleted => "stream_deleted",
             GapCause::NewStream => "new_stream",
             GapCause::Upstream => "upstream",
+            GapCause::Refused => "refused",
+            GapCause::Subjects => "subjects",
+            GapCause::Witness => "witness",
         }
     }
 }
 
-/// The JetStream source's clock, derived from the persister-lag bound: an answer from memory may lack only what
-/// was stored less than the bound before it, so a stream whose state was not confirmed for that long is behind.
+/// The source's clock, derived from the persister-lag bound: an answer from memory may lack only what was stored
+/// less than the bound before it ([`Freshness::serves`]), so each part of the covered-through instant must be proved
+/// again well within it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
-    /// How often each consumed stream is checked (and the class streams listed).
+    /// How often the class streams are listed (and, partitioned, read).
     pub interval: Duration,
-    /// How long one JetStream request of a check may take before the stream is behind.
+    /// How often each consumed stream is checked (and Core NATS probed): a quarter of the silence bound, so that a
+    /// check's reading applied through by the next check still proves an instant within the bound.
+    pub check: Duration,
+    /// How long one JetStream request may take before the consumer is resumed.
     pub request_timeout: Duration,
-    /// How long a confirmed check holds: the bound, at least a second.
+    /// The window of the serving rule: the bound, at least a second.
     pub silence: Duration,
 }
 
 impl Timing {
-    /// The timing for a persister-lag bound of `lag`: a check every half of the silence bound, each request within
-    /// the other half, so a stream that stops answering is behind at most the bound after its last confirmation.
+    /// The timing for a persister-lag bound of `lag`.
     pub fn for_lag(lag: Duration) -> Self {
         let silence = lag.max(Duration::from_secs(1));
         Self {
             interval: silence / 2,
+            check: silence / 4,
             request_timeout: silence / 2,
             silence,
         }
@@ -137,16 +156,22 @@ pub enum SourceEvent<'a> {
         subject: &'a str,
         sequence: u64,
         pending: u64,
-        published: SystemTime,
     },
-    /// A check of a consumer of `generation` confirmed the stream's state (asked at `asked`); `drained`: every
-    /// message it held then is applied.
+    /// A check of a consumer of `generation` of `stream` found nothing unread gone; `drained`: every message the
+    /// stream held when asked is applied; `covered`: what it proved applied ([`rule::Position::covered`]).
     Confirmed {
-        lane: &'a Lane,
+        stream: &'a str,
         generation: u64,
         drained: bool,
-        asked: SystemTime,
-        started: tokio::time::Instant,
+        covered: Option<Stamp>,
+    },
+    /// Partitioned: every message the class stream `stream` stored before `covered` was copied and applied.
+    Upstream { stream: &'a str, covered: Stamp },
+    /// A stream cannot take or keep display events (`Some`), or can again (`None`, after `was`).
+    Refusing {
+        stream: &'a str,
+        now: Option<Refusal>,
+        was: Option<Refusal>,
     },
     /// A lane that lasts until someone acts is behind (a class stream not sourced or not confirmed, a stalled
     /// source, no stream); `why` is logged once when it falls behind (none: the source logs it itself).
@@ -228,7 +253,6 @@ impl Tracker {
                 subject,
                 sequence,
                 pending,
-                published,
             } => {
                 self.metrics
                     .source
@@ -236,25 +260,53 @@ impl Tracker {
                 if let Some(witness) = &self.witness {
                     witness.delivered(subject);
                 }
-                if pending == 0 {
-                    // Nothing was left behind it when it was delivered: every message stored up to it is applied
-                    // (or its loss is found by the stream's next check, within the silence bound).
-                    self.freshness.stream_covered(stream, published);
-                }
             }
             SourceEvent::Confirmed {
-                lane,
+                stream,
                 generation,
                 drained,
-                asked,
-                started,
+                covered,
             } => {
                 self.catch_up()
-                    .confirmed(lane, generation, drained, started + self.timing.silence);
-                if let (true, Lane::Stream(stream)) = (drained, lane) {
-                    self.freshness.stream_covered(stream, asked);
+                    .confirmed(&Lane::Stream(stream.to_owned()), generation, drained);
+                if let Some(covered) = covered {
+                    self.freshness
+                        .covered(Part::Stream(stream.to_owned()), covered);
                 }
                 self.lanes_changed();
+            }
+            SourceEvent::Upstream { stream, covered } => {
+                self.freshness
+                    .covered(Part::Upstream(stream.to_owned()), covered);
+            }
+            SourceEvent::Refusing { stream, now, was } => {
+                if let Some(was) = was.filter(|was| Some(*was) != now) {
+                    self.metrics.source.jetstream_refusing(stream, was, false);
+                    self.clear(&Lane::Refusing(stream.to_owned(), was));
+                    if now.is_none() {
+                        tracing::info!(
+                            stream,
+                            cause = was.label(),
+                            "the stream takes display events again"
+                        );
+                        self.emit(SourceEvent::Gap {
+                            stream,
+                            cause: GapCause::Refused,
+                            at: None,
+                        });
+                    }
+                }
+                if let Some(now) = now.filter(|now| Some(*now) != was) {
+                    tracing::error!(
+                        stream,
+                        cause = now.label(),
+                        "the stream {}: its class's events reach no view live; nothing is served from memory \
+                         and reads go to the store until it is fixed (see the runbook)",
+                        now.describe()
+                    );
+                    self.metrics.source.jetstream_refusing(stream, now, true);
+                    self.block(&Lane::Refusing(stream.to_owned(), now));
+                }
             }
             SourceEvent::Blocked { lane, why } => {
                 if self.catch_up().is_behind(lane) {
@@ -263,13 +315,9 @@ impl Tracker {
                 if let Some(why) = why {
                     tracing::warn!(?lane, "{why}");
                 }
-                self.catch_up().behind(lane);
-                self.lanes_changed();
+                self.block(lane);
             }
-            SourceEvent::Cleared(lane) => {
-                self.catch_up().forget(lane);
-                self.lanes_changed();
-            }
+            SourceEvent::Cleared(lane) => self.clear(lane),
             SourceEvent::Gap { stream, cause, at } => {
                 tracing::warn!(
                     stream,
@@ -287,16 +335,44 @@ impl Tracker {
                     .jetstream_resume(ResumeOutcome::Continued);
             }
             SourceEvent::StreamAdded(stream) => {
-                self.freshness.track_stream(stream);
+                self.freshness.track(Part::Stream(stream.to_owned()));
                 self.metrics.source.jetstream_streams(1);
             }
             SourceEvent::StreamRemoved(stream) => {
-                self.freshness.forget_stream(stream);
+                self.freshness.forget(&Part::Stream(stream.to_owned()));
                 self.catch_up().forget(&Lane::Stream(stream.to_owned()));
                 self.metrics.source.jetstream_streams(-1);
                 self.lanes_changed();
             }
         }
+    }
+
+    /// A lane that lasts until someone acts: behind, and nothing served from memory while it lasts.
+    fn block(&self, lane: &Lane) {
+        self.freshness.track(Part::Held(lane.clone()));
+        self.catch_up().behind(lane);
+        self.lanes_changed();
+    }
+
+    fn clear(&self, lane: &Lane) {
+        self.catch_up().forget(lane);
+        self.freshness.forget(&Part::Held(lane.clone()));
+        self.lanes_changed();
+    }
+
+    /// Partitioned: `stream` is a class stream upstream whose copies count toward the instant from now on.
+    pub fn track_upstream(&self, stream: &str) {
+        self.freshness.track(Part::Upstream(stream.to_owned()));
+    }
+
+    /// Partitioned: `stream` is no longer upstream.
+    pub fn forget_upstream(&self, stream: &str) {
+        self.freshness.forget(&Part::Upstream(stream.to_owned()));
+    }
+
+    /// The covered-through instant and the serving rule.
+    pub fn freshness(&self) -> &Freshness {
+        &self.freshness
     }
 
     fn lanes_changed(&self) {

@@ -6,15 +6,37 @@
 //! consumer loop, on `<prefix>.<k>.>`, is the class streams' (`consumer.rs`), so every retention case of the
 //! partitioned stream itself is judged there.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::stream::{Config, Source};
 use tokio_util::sync::CancellationToken;
 
 use super::api::{Api, ApiError, SourceState, Start, StreamState};
-use super::{CLOCK_SKEW_MARGIN, GapCause, JetStreamSource, Lane, Sink, SourceEvent};
+use super::discovery::lock;
+use super::rule::refusal;
+use super::upstream::{Upstream, copied_from};
+use super::{
+    CLOCK_SKEW_MARGIN, GapCause, JetStreamSource, Lane, Refusal, Sink, SourceEvent, filter_subjects,
+};
+use crate::coverage::Stamp;
 use crate::partition::{Partitioning, StreamSettings};
+
+/// The header nats-server puts on a message a source copied: its class stream and origin sequence.
+const SOURCE_HEADER: &str = "Nats-Stream-Source";
+
+/// Partitioned checks of the partitioned stream whose proofs wait for the consumer to apply through them: per
+/// check, the last sequence its first reading found, and the class streams whose sources had nothing left to copy
+/// then, each with the earliest moment nats-server last heard from it.
+pub(super) type SourceProofs = VecDeque<(u64, Vec<(String, Stamp)>)>;
+
+/// A class stream upstream as the rounds last judged it: the display-event filters it was first seen with and
+/// why it refuses events, if it does.
+#[derive(Default)]
+struct Watched {
+    consumed_on: Option<Vec<String>>,
+    refused: Option<Refusal>,
+}
 
 /// A source of the partitioned stream not heard from for this long is stalled: the worker is behind until it is
 /// active again with nothing left to copy (nats-server hears from a healthy source every second or so, idle or
@@ -52,15 +74,18 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         let mut classes: HashMap<String, Identity> = HashMap::new();
         let mut sourced: HashSet<String> = HashSet::new();
         let mut warned_unbound = false;
-        // Per class stream, the generation of its upstream lane (confirmed by each round that reads it).
+        // Per class stream, the generation of its upstream lane (cleared by the first round that reads it).
         let mut upstream: HashMap<String, u64> = HashMap::new();
+        let mut watched: HashMap<String, Watched> = HashMap::new();
         let mut rounds = self.rounds();
         loop {
             if Self::next_round(&mut rounds, &stop).await {
                 return Ok(());
             }
             if let Some(names) = self.list_streams().await {
-                let seen = self.identities(&names, &classes, &mut upstream).await;
+                let seen = self
+                    .identities(&names, &classes, &mut upstream, &mut watched)
+                    .await;
                 match self
                     .bind(&partitioning, &stream, &names, started, &seen)
                     .await
@@ -100,40 +125,70 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
     }
 
     /// The identity of each class stream; one whose state cannot be read this round keeps its last identity.
-    /// Silence upstream is behind too: each class stream's lane is confirmed, for the silence bound, by a round that
-    /// reads its state within the request timeout with its leader hearing from a quorum of its replicas. A class
-    /// stream that does not answer, has no quorum, or is not read at all (a listing that fails or a round that
-    /// hangs) lets its lane lapse: it may be storing nothing of what aihub publishes, so the worker is behind until
-    /// it is confirmed again (a new leader is then a gap).
+    /// Each reading with a quorum is judged against what its source is known to have copied ([`Upstream::read`]):
+    /// messages it removed before its source passed them are a gap, and it moves the class stream's part of the
+    /// covered-through instant. A class stream that does not answer, has no quorum, or is not read at all (a
+    /// listing that fails or a round that hangs) proves nothing, so its part stays where it was and answers from
+    /// memory stop within the bound; a new leader is then a gap. A class stream that refuses events holds the
+    /// instant like a consumed one.
     async fn identities(
         &self,
         names: &[String],
         last: &HashMap<String, Identity>,
         upstream: &mut HashMap<String, u64>,
+        watched: &mut HashMap<String, Watched>,
     ) -> HashMap<String, Identity> {
         let tracker = &self.inner.tracker;
         let timeout = tracker.timing().request_timeout;
+        let coverage = tracker.coverage();
         let mut seen = HashMap::new();
         for name in names {
             let lane = Lane::Unconfirmed(name.clone());
-            let generation = *upstream
+            upstream.entry(name.clone()).or_insert_with(|| {
+                tracker.track_upstream(name);
+                tracker.resuming(&lane)
+            });
+            let copied_before = lock(&self.inner.upstream)
                 .entry(name.clone())
-                .or_insert_with(|| tracker.resuming(&lane));
-            let started = tokio::time::Instant::now();
-            let asked = SystemTime::now();
+                .or_default()
+                .copied();
+            let asked = coverage.now();
             match tokio::time::timeout(timeout, self.inner.api.stream_state(name)).await {
                 Ok(Ok(state)) => {
+                    let returned = coverage.now();
                     if state.quorum {
-                        tracker.emit(SourceEvent::Confirmed {
-                            lane: &lane,
-                            generation,
-                            drained: true,
-                            asked,
-                            started,
-                        });
+                        tracker.emit(SourceEvent::Cleared(&lane));
+                        let judged = lock(&self.inner.upstream)
+                            .entry(name.clone())
+                            .or_default()
+                            .read(
+                                copied_before,
+                                asked,
+                                returned,
+                                state.first_seq,
+                                state.last_seq,
+                            );
+                        if judged.lost {
+                            tracker.emit(SourceEvent::Gap {
+                                stream: name,
+                                cause: GapCause::Upstream,
+                                at: None,
+                            });
+                        }
+                        if let Some(covered) = judged.covered {
+                            tracker.emit(SourceEvent::Upstream {
+                                stream: name,
+                                covered,
+                            });
+                        }
                     } else {
                         tracing::debug!(class_stream = %name, "a class stream's leader has not heard from a quorum of its replicas");
                     }
+                    self.judge_class_refusal(
+                        name,
+                        &state,
+                        watched.entry(name.clone()).or_default(),
+                    );
                     seen.insert(
                         name.clone(),
                         Identity {
@@ -154,10 +209,53 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
             let listed = names.contains(name);
             if !listed {
                 tracker.emit(SourceEvent::Cleared(&Lane::Unconfirmed(name.clone())));
+                tracker.forget_upstream(name);
+                lock(&self.inner.upstream).remove(name);
+                if let Some(Watched {
+                    refused: Some(was), ..
+                }) = watched.remove(name)
+                {
+                    tracker.emit(SourceEvent::Refusing {
+                        stream: name,
+                        now: None,
+                        was: Some(was),
+                    });
+                }
             }
             listed
         });
         seen
+    }
+
+    /// Whether a class stream upstream refuses display events now (full with `discard: new`, sealed, subjects that
+    /// no longer cover those it was first seen with).
+    fn judge_class_refusal(&self, name: &str, state: &StreamState, watched: &mut Watched) {
+        let subject = &self.inner.settings.subject;
+        let consumed_on = watched
+            .consumed_on
+            .get_or_insert_with(|| filter_subjects(&state.subjects, subject));
+        let now = refusal(state, Some((consumed_on.as_slice(), subject.as_str())));
+        if now != watched.refused {
+            self.inner.tracker.emit(SourceEvent::Refusing {
+                stream: name,
+                now,
+                was: watched.refused,
+            });
+            watched.refused = now;
+        }
+    }
+
+    /// A delivery of the partitioned stream was applied: its class stream's source had passed everything before it.
+    pub(super) fn copied_applied(&self, headers: Option<&async_nats::HeaderMap>) {
+        let Some((stream, seq)) = headers
+            .and_then(|headers| headers.get(SOURCE_HEADER))
+            .and_then(|value| copied_from(value.as_str()))
+        else {
+            return;
+        };
+        if let Some(upstream) = lock(&self.inner.upstream).get_mut(stream) {
+            upstream.applied(seq);
+        }
     }
 
     /// After the start: a class stream sourced for the first time, recreated, under a new leader, or deleted, is a
@@ -220,12 +318,22 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         }
     }
 
-    /// The partitioned stream's sources: one not heard from for [`SOURCE_STALL`] keeps the worker behind until it
-    /// is active again, has nothing left to copy and the consumer has applied what it delivered (`drained`): the
-    /// events it holds back reach the stream once it recovers, but a view served meanwhile would lack them.
-    pub(super) fn judge_sources(&self, state: &StreamState, drained: bool) {
+    /// The partitioned stream's sources, as a check's first reading `before` (asked at `asked`) found them: one not
+    /// heard from for [`SOURCE_STALL`] keeps the worker behind until it is active again, has nothing left to copy and
+    /// the consumer has applied what it delivered (`drained`): the events it holds back reach the stream once it
+    /// recovers, but a view served meanwhile would lack them. One with nothing left to copy proves its class stream
+    /// passed as far as it held when nats-server last heard from the source ([`Upstream::caught_up_at`]), once the
+    /// consumer has applied through `before` (`proofs` waits for that; `through` is the read-through position).
+    pub(super) fn judge_sources(
+        &self,
+        before: &StreamState,
+        asked: Stamp,
+        drained: bool,
+        through: u64,
+        proofs: &mut SourceProofs,
+    ) {
         let tracker = &self.inner.tracker;
-        for source in &state.sources {
+        for source in &before.sources {
             let lane = Lane::Stalled(source.name.clone());
             if stalled(source) {
                 tracker.emit(SourceEvent::Blocked {
@@ -236,6 +344,28 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 tracing::info!(source = %source.name, "a stalled source of the partitioned stream recovered");
                 tracker.emit(SourceEvent::Cleared(&lane));
             }
+        }
+        let caught_up: Vec<(String, Stamp)> = before
+            .sources
+            .iter()
+            .filter(|source| source.lag == 0)
+            .filter_map(|source| Some((source.name.clone(), asked.minus(source.active?))))
+            .collect();
+        if proofs.len() == 256 {
+            proofs.pop_front();
+        }
+        proofs.push_back((before.last_seq, caught_up));
+        let mut upstream = lock(&self.inner.upstream);
+        while let Some((_, sources)) = proofs
+            .front()
+            .filter(|(last, _)| drained || *last <= through)
+        {
+            for (name, contact) in sources {
+                if let Some(class) = upstream.get_mut(name) {
+                    class.caught_up_at(*contact);
+                }
+            }
+            proofs.pop_front();
         }
     }
 
@@ -322,11 +452,15 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                         .get(name)
                         .is_none_or(|i| i.created == state.created)
             });
-            next.push(if new_since_start && state.first_seq <= 1 {
+            let start = if new_since_start && state.first_seq <= 1 {
                 1
             } else {
                 state.last_seq + 1
-            });
+            };
+            lock(&self.inner.upstream)
+                .entry(name.clone())
+                .or_insert_with(|| Upstream::starting_after(start - 1));
+            next.push(start);
         }
         let now = SystemTime::now();
         Ok(class_streams

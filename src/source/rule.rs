@@ -1,12 +1,33 @@
 //! The resume and retention rule on plain values ([design 2.1.3](../../docs/design.md#2.1.3), "The JetStream source,
-//! case by case"): what the worker has read of one stream ([`Position`]), and whether a
-//! reading of the stream's state shows that something it had not read is gone ([`Position::judge`]). Pure: the
+//! case by case"): what the worker has read of one stream ([`Position`]), whether a reading of the stream's state
+//! shows that something it had not read is gone ([`Position::judge`]), what a check proves applied
+//! ([`Position::covered`]), and whether the stream can take and keep display events at all ([`refusal`]). Pure: the
 //! consumer loop (`consumer.rs`) takes the readings and records what this decides.
 
+use std::collections::{BTreeSet, VecDeque};
 use std::time::SystemTime;
 
-use super::GapCause;
+use async_nats::jetstream::stream::DiscardPolicy;
+
 use super::api::{ConsumerState, Start, StreamState};
+use super::{GapCause, Refusal, filter_subjects};
+use crate::coverage::Stamp;
+
+/// Past this many deleted messages inside a stream, a reading does not ask for their list: a deletion the count
+/// cannot tell apart from the front passing older ones is a (needless) gap instead ([`Position::judge`]).
+pub const MAX_LISTED_HOLES: u64 = 10_000;
+
+/// How many earlier checks' readings a position keeps to prove an instant once the consumer has applied through
+/// them (one a check: more than a consumer behind by a minute of checks needs).
+const MAX_MARKS: usize = 256;
+
+/// A check's first reading: when it was asked, and the stream's last sequence then. Once everything up to that
+/// sequence is applied, everything the stream stored before that moment is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mark {
+    asked: Stamp,
+    last_seq: u64,
+}
 
 /// What the worker has read of one stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +43,12 @@ pub struct Position {
     pub applied: Option<u64>,
     /// The stream's count of deleted messages (between its first and last) at the last reading.
     pub deleted: u64,
+    /// The stream's first sequence at the last reading.
+    pub first: u64,
+    /// The deleted sequences at or after the first, as far as known (`None`: not known; the count decides).
+    holes: Option<BTreeSet<u64>>,
+    /// Earlier checks' first readings not yet applied through, oldest first.
+    marks: VecDeque<Mark>,
 }
 
 /// What a reading of the stream says about a [`Position`].
@@ -43,6 +70,23 @@ impl Position {
             through: state.first_seq.saturating_sub(1),
             applied: None,
             deleted: state.deleted,
+            first: state.first_seq,
+            holes: (state.deleted == 0).then(BTreeSet::new),
+            marks: VecDeque::new(),
+        }
+    }
+
+    /// Whether a reading must be taken again with the list of deleted sequences before it is judged: the count
+    /// changed in a way the front's move does not explain (a deletion may hide behind the front passing older
+    /// holes), and the list is short enough to ask for ([`MAX_LISTED_HOLES`]).
+    pub fn needs_deleted_list(&self, state: &StreamState) -> bool {
+        if state.deleted == 0 || state.deleted > MAX_LISTED_HOLES || state.deleted_list.is_some() {
+            return false;
+        }
+        match &self.holes {
+            // Holes the front has not passed, as known: any more is a new deletion.
+            Some(known) => state.deleted > known.range(state.first_seq..).count() as u64,
+            None => state.deleted > self.deleted || state.first_seq != self.first,
         }
     }
 
@@ -71,13 +115,46 @@ impl Position {
             lost.push(GapCause::Removed);
             self.through = state.first_seq - 1;
         }
-        // The count rises with every message deleted between the first and the last; one deleted while something
-        // was unread may have been unread. (It falls when the front passes deleted messages.)
-        if state.deleted > self.deleted && self.through < state.last_seq {
+        if self.deleted_unread(state) {
             lost.push(GapCause::Deleted);
         }
         self.deleted = state.deleted;
+        self.first = state.first_seq;
         Judgement::Continues(lost)
+    }
+
+    /// Whether a message beyond the read-through position was deleted since the last reading. With the list of
+    /// deleted sequences (or none deleted), exactly: a hole not known before, unread. Without it, by the count: it
+    /// rises with every deletion and falls when the front passes holes, so a rise, or any change of the front while
+    /// holes were there (a new hole may hide behind one passed), is a gap while something is unread (a needless
+    /// one at worst, past [`MAX_LISTED_HOLES`]).
+    fn deleted_unread(&mut self, state: &StreamState) -> bool {
+        let unread = |seq: u64| seq > self.through && seq <= state.last_seq;
+        if let Some(list) = &state.deleted_list {
+            let new = match &self.holes {
+                Some(known) => list.iter().any(|seq| !known.contains(seq) && unread(*seq)),
+                None => list.iter().any(|seq| unread(*seq)),
+            };
+            self.holes = Some(list.iter().copied().collect());
+            return new;
+        }
+        if let Some(known) = &mut self.holes {
+            *known = known.split_off(&state.first_seq);
+            if state.deleted == known.len() as u64 {
+                return false;
+            }
+            // Holes not located (the list not asked for: too long): the count decides from now on.
+            let rose = state.deleted > known.len() as u64;
+            self.holes = None;
+            return rose && self.through < state.last_seq;
+        }
+        if state.deleted == 0 {
+            self.holes = Some(BTreeSet::new());
+            return false;
+        }
+        let changed =
+            state.deleted > self.deleted || (self.deleted > 0 && state.first_seq != self.first);
+        changed && self.through < state.last_seq
     }
 
     /// A check's conclusion, after [`Position::judge`] of a reading `after` taken after the consumer's state
@@ -102,6 +179,69 @@ impl Position {
         }
         drained
     }
+
+    /// What a confirmed check ([`Position::confirm`]) proves applied, asked at `asked` (the worker's clock) with
+    /// its first reading `before`: every message the stream stored before the returned moment is applied, or its
+    /// loss was judged a gap. Drained, the moment it asked; otherwise the latest earlier check whose reading's last
+    /// sequence the read-through position has reached (this check's own included): everything stored before that
+    /// check asked has a sequence up to its reading's last. `None`: nothing new proved. No server timestamp is
+    /// compared with the worker's clock.
+    pub fn covered(&mut self, asked: Stamp, before: &StreamState, drained: bool) -> Option<Stamp> {
+        if drained {
+            self.marks.clear();
+            return Some(asked);
+        }
+        if self.marks.len() == MAX_MARKS {
+            self.marks.pop_front();
+        }
+        self.marks.push_back(Mark {
+            asked,
+            last_seq: before.last_seq,
+        });
+        let mut covered = None;
+        while let Some(mark) = self.marks.front().filter(|m| m.last_seq <= self.through) {
+            covered = covered.max(Some(mark.asked));
+            self.marks.pop_front();
+        }
+        covered
+    }
+}
+
+/// Whether a stream can take and keep display events: not sealed, not full with `discard: new` (at `max_msgs`,
+/// or within its largest message of `max_bytes`), and, for a class stream consumed on `consumed` (the filters it
+/// was first consumed on), still capturing them ([design 2.1.3](../../docs/design.md#2.1.3)). A per-subject limit
+/// with `discard_new_per_subject` refuses only a second message on a subject, and each display event has a subject
+/// of its own (its event id): only a retry of an event stored already, which is no loss.
+pub fn refusal(state: &StreamState, consumed: Option<(&[String], &str)>) -> Option<Refusal> {
+    let config = &state.config;
+    if config.sealed {
+        return Some(Refusal::Sealed);
+    }
+    if let Some((consumed, subject)) = consumed {
+        let now = filter_subjects(&state.subjects, subject);
+        if !consumed.iter().all(|f| now.iter().any(|g| covers(g, f))) {
+            return Some(Refusal::Subjects);
+        }
+    }
+    let limit = |limit: i64| u64::try_from(limit).ok().filter(|l| *l > 0);
+    let full = limit(config.max_messages).is_some_and(|max| state.messages >= max)
+        || limit(config.max_bytes)
+            .is_some_and(|max| state.bytes.saturating_add(state.max_message) > max);
+    (config.discard == DiscardPolicy::New && full).then_some(Refusal::Full)
+}
+
+/// Whether every subject `inner` matches, `outer` matches too (NATS wildcards: `*` one token, `>` the rest).
+pub fn covers(outer: &str, inner: &str) -> bool {
+    let (mut o, mut i) = (outer.split('.'), inner.split('.'));
+    loop {
+        match (o.next(), i.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(t)) if t != ">" => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -120,6 +260,10 @@ mod tests {
             last_seq,
             first_time: SystemTime::UNIX_EPOCH,
             deleted: 0,
+            deleted_list: None,
+            messages: 0,
+            bytes: 0,
+            max_message: 1_024,
             subjects: Vec::new(),
             sources: Vec::new(),
             config: Default::default(),

@@ -4,7 +4,7 @@
 //! One test per case of [design 2.1.3](../../docs/design.md#2.1.3)'s table; the black-box tests (`tests/api/`) prove
 //! the same against real servers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -48,7 +48,8 @@ struct FakeStream {
     subjects: Vec<String>,
     messages: BTreeMap<u64, Stored>,
     last_seq: u64,
-    deleted: u64,
+    /// Sequences deleted from inside (a hole stays until the front passes it).
+    holes: BTreeSet<u64>,
     sources: Vec<SourceState>,
     config: Config,
 }
@@ -62,7 +63,7 @@ impl FakeStream {
             subjects,
             messages: BTreeMap::new(),
             last_seq: 0,
-            deleted: 0,
+            holes: BTreeSet::new(),
             sources: Vec::new(),
             config: Config {
                 name: name.to_owned(),
@@ -90,6 +91,8 @@ struct World {
     /// Consumers deliver nothing (the worker is frozen, or the link is slow).
     held: bool,
     consumers_created: Vec<(String, Start)>,
+    /// Readings that asked for the deleted sequences.
+    deleted_lists: usize,
 }
 
 /// A fake JetStream. Cloning is cheap.
@@ -149,6 +152,7 @@ impl Fake {
         self.stream(stream, |s| {
             let kept = s.messages.split_off(&first);
             s.messages = kept;
+            s.holes = s.holes.split_off(&s.first_seq());
             if s.messages.is_empty() {
                 s.last_seq = s.last_seq.max(first - 1);
             }
@@ -157,8 +161,10 @@ impl Fake {
 
     fn delete(&self, stream: &str, seq: u64) {
         self.stream(stream, |s| {
-            if s.messages.remove(&seq).is_some() {
-                s.deleted += 1;
+            if s.messages.remove(&seq).is_some() && seq > s.first_seq() {
+                s.holes.insert(seq);
+            } else {
+                s.holes = s.holes.split_off(&s.first_seq());
             }
         });
     }
@@ -244,7 +250,6 @@ impl Consumer for FakeConsumer {
                         stream_seq: *seq,
                         consumer_seq: self.delivered,
                         pending: matching.len() as u64 - 1,
-                        published: stored.time,
                     }));
                 }
             }
@@ -254,6 +259,7 @@ impl Consumer for FakeConsumer {
 }
 
 fn state_of(name: &str, stream: &FakeStream) -> StreamState {
+    let holes = stream.holes.range(stream.first_seq()..);
     StreamState {
         name: name.to_owned(),
         created: stream.created,
@@ -266,7 +272,15 @@ fn state_of(name: &str, stream: &FakeStream) -> StreamState {
             .values()
             .next()
             .map_or(SystemTime::UNIX_EPOCH, |m| m.time),
-        deleted: stream.deleted,
+        deleted: holes.clone().count() as u64,
+        deleted_list: None,
+        messages: stream.messages.len() as u64,
+        bytes: stream
+            .messages
+            .values()
+            .map(|m| m.subject.len() as u64)
+            .sum(),
+        max_message: 1_024,
         subjects: stream.subjects.clone(),
         sources: stream.sources.clone(),
         config: stream.config.clone(),
@@ -295,6 +309,26 @@ impl Api for Fake {
             .get(name)
             .map(|s| state_of(name, s))
             .ok_or(ApiError::NotFound)
+    }
+
+    async fn stream_state_with_deleted(&self, name: &str) -> Result<StreamState, ApiError> {
+        let mut state = self.stream_state(name).await?;
+        self.with(|w| {
+            w.deleted_lists += 1;
+            let stream = &w.streams[name];
+            state.deleted_list = Some(stream.holes.range(stream.first_seq()..).copied().collect());
+        });
+        Ok(state)
+    }
+
+    async fn streams_capturing(&self, subject: &str) -> Result<Vec<String>, ApiError> {
+        let world = self.world.lock().unwrap();
+        Ok(world
+            .streams
+            .iter()
+            .filter(|(_, s)| !super::filter_subjects(&s.subjects, subject).is_empty())
+            .map(|(name, _)| name.clone())
+            .collect())
     }
 
     async fn create_consumer(
@@ -409,7 +443,7 @@ fn settings(partitioned: Option<(Partitioning, StreamSettings)>) -> JetStreamSet
 
 fn harness(fake: Fake, partitioned: Option<(Partitioning, StreamSettings)>) -> Harness {
     let coverage = Coverage::new(LAG);
-    let freshness = Freshness::new();
+    let freshness = Freshness::new(coverage.clone(), Timing::for_lag(LAG).silence);
     let tracker = Tracker::new(
         coverage.clone(),
         freshness.clone(),
@@ -439,8 +473,9 @@ impl Harness {
         tokio::spawn(self.source.clone().run(self.stop.clone()));
     }
 
+    /// Whether an answer may come from memory now (the rule).
     fn caught_up(&self) -> bool {
-        self.coverage.catch_up().is_caught_up()
+        self.freshness.serves()
     }
 
     /// Lets the source work for `d` of the paused clock.
@@ -729,10 +764,14 @@ async fn a_lost_connection_resumes_every_consumer_and_is_no_gap() {
     let (h, stream) = Harness::running("A", 3).await;
     let gaps = h.coverage.gaps();
     h.coverage.catch_up().connection_lost();
-    assert!(!h.caught_up());
+    assert!(
+        !h.coverage.catch_up().lanes_caught_up(),
+        "behind (readiness) until a new consumer has caught up"
+    );
     h.fake.publish(&stream, display_subject("A", 40));
     h.pass(Duration::from_secs(2)).await;
     assert!(h.caught_up());
+    assert!(h.coverage.catch_up().lanes_caught_up());
     assert_eq!(h.coverage.gaps(), gaps);
     assert!(
         h.fake
@@ -913,4 +952,263 @@ async fn a_stored_message_reaches_the_sink_with_its_headers() {
         h.applied.traceparents(),
         [None, Some(traceparent.to_owned())]
     );
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The serving rule: only what checks prove applied moves the covered-through instant (design 2.1.1, 2.1.3).
+
+#[tokio::test(start_paused = true)]
+async fn a_check_that_finds_messages_pending_proves_nothing_so_a_consumer_behind_serves_nothing_from_memory()
+ {
+    let (h, stream) = Harness::running("A", 3).await;
+    let covered = h.freshness.covered_stamp();
+    // The consumer falls behind (a burst, a slow worker): every check answers, but finds messages pending.
+    h.fake.with(|w| w.held = true);
+    h.fake.publish(&stream, display_subject("A", 10));
+    h.pass(Duration::from_millis(1_500)).await;
+    assert!(
+        h.caught_up(),
+        "within the window: what it lacks was stored less than the bound ago"
+    );
+    assert!(
+        h.coverage.catch_up().lanes_caught_up(),
+        "its checks answer: not a lane behind"
+    );
+    h.pass(Duration::from_secs(1)).await;
+    assert!(
+        !h.caught_up(),
+        "checks that found the message pending renewed nothing: an answer now could lack it past the bound"
+    );
+    assert!(h.freshness.covered_stamp() <= covered.map(|c| c.plus(LAG)));
+    // Caught up again: the next check proves it.
+    h.fake.with(|w| w.held = false);
+    h.pass(Duration::from_millis(600)).await;
+    assert!(h.caught_up());
+    assert_eq!(h.applied.subjects().len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_covered_instant_is_what_the_serving_rule_judges() {
+    let (h, _) = Harness::running("A", 1).await;
+    // Idle and drained: every check proves the moment it asked, a quarter of the window apart.
+    for _ in 0..8 {
+        h.pass(Duration::from_millis(300)).await;
+        let covered = h.freshness.covered_stamp().unwrap();
+        let age = h.coverage.now().nanos() - covered.nanos();
+        assert!(age <= Timing::for_lag(LAG).check.as_nanos() as u64 + 1_000_000);
+        assert!(h.caught_up());
+    }
+}
+
+/// A class stream with `discard: new` and room for `max_msgs` messages.
+fn discard_new(h: &Harness, stream: &str, max_msgs: i64) {
+    h.fake.stream(stream, |s| {
+        s.config.discard = async_nats::jetstream::stream::DiscardPolicy::New;
+        s.config.max_messages = max_msgs;
+    });
+}
+
+fn refusing(h: &Harness) -> Vec<(String, super::Refusal)> {
+    h.coverage.catch_up().refusing()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_full_with_discard_new_is_refusing_until_it_has_room_again_then_a_gap() {
+    let (h, stream) = Harness::running("A", 3).await;
+    discard_new(&h, &stream, 10);
+    h.pass(Duration::from_secs(1)).await;
+    assert!(refusing(&h).is_empty(), "room for 7 more");
+    for i in 0..7 {
+        h.fake.publish(&stream, display_subject("A", 100 + i));
+    }
+    let gaps = h.coverage.gaps();
+    h.pass(Duration::from_secs(1)).await;
+    assert_eq!(refusing(&h), vec![(stream.clone(), super::Refusal::Full)]);
+    assert!(
+        !h.caught_up(),
+        "nothing from memory: its class's next events are refused"
+    );
+    assert!(
+        h.coverage.catch_up().blocked(),
+        "a read does not wait for it"
+    );
+    assert_eq!(
+        h.coverage.gaps(),
+        gaps,
+        "no gap while it refuses: views are held instead"
+    );
+    // Its oldest messages age out: room again. What was refused meanwhile is in no stream: a gap.
+    h.fake.remove_before(&stream, 6);
+    h.pass(Duration::from_secs(1)).await;
+    assert!(refusing(&h).is_empty());
+    assert_ne!(h.coverage.gaps(), gaps);
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sealed_stream_is_refusing() {
+    let (h, stream) = Harness::running("A", 1).await;
+    h.fake.stream(&stream, |s| s.config.sealed = true);
+    h.pass(Duration::from_secs(1)).await;
+    assert_eq!(refusing(&h), vec![(stream, super::Refusal::Sealed)]);
+    assert!(!h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_whose_subjects_no_longer_cover_its_display_events_is_refusing_and_widened_ones_a_gap()
+ {
+    let (h, stream) = Harness::running("A", 1).await;
+    // Edited to capture only control events: display events of class A reach no stream.
+    h.fake.stream(&stream, |s| {
+        s.subjects = vec!["agent.A.*.*.*.*.control.*.*".into()]
+    });
+    h.pass(Duration::from_secs(1)).await;
+    assert_eq!(
+        refusing(&h),
+        vec![(stream.clone(), super::Refusal::Subjects)]
+    );
+    assert!(!h.caught_up());
+    // Edited back, wider than before.
+    let gaps = h.coverage.gaps();
+    h.fake
+        .stream(&stream, |s| s.subjects = vec!["agent.>".into()]);
+    h.pass(Duration::from_secs(2)).await;
+    assert!(refusing(&h).is_empty());
+    assert_ne!(
+        h.coverage.gaps(),
+        gaps,
+        "what it refused meanwhile, and subjects passed unread"
+    );
+    h.fake.publish(&stream, display_subject("A", 7));
+    h.pass(Duration::from_secs(1)).await;
+    assert!(h.applied.subjects().contains(&display_subject("A", 7)));
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_the_pattern_misses_that_captures_display_events_is_refusing() {
+    let (h, _) = Harness::running("A", 1).await;
+    h.fake.with(|w| {
+        w.streams.insert(
+            "events_B".into(),
+            FakeStream::new("events_B", vec!["agent.B.>".into()]),
+        )
+    });
+    h.pass(Duration::from_secs(2)).await;
+    assert_eq!(
+        refusing(&h),
+        vec![("events_B".to_owned(), super::Refusal::Unmatched)]
+    );
+    assert!(!h.caught_up());
+    h.fake.with(|w| w.streams.remove("events_B"));
+    h.pass(Duration::from_secs(2)).await;
+    assert!(refusing(&h).is_empty());
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deletion_masked_by_the_front_passing_an_older_hole_is_a_gap() {
+    let (h, stream) = Harness::running("A", 3).await;
+    // An old hole right behind the front: 1, 2, (3 deleted), 4 -- all read.
+    let four = h.fake.publish(&stream, display_subject("A", 4));
+    h.fake.delete(&stream, four - 1);
+    h.pass(Duration::from_secs(1)).await;
+    let gaps = h.coverage.gaps();
+    let lists = h.fake.with(|w| w.deleted_lists);
+    // The consumer behind: an unread message is deleted while the front passes the old hole. The count of holes
+    // stays 1.
+    h.fake.with(|w| w.held = true);
+    let unread = h.fake.publish(&stream, display_subject("A", 5));
+    h.fake.publish(&stream, display_subject("A", 6));
+    h.fake.delete(&stream, unread);
+    h.fake.remove_before(&stream, four);
+    let deleted = h
+        .fake
+        .with(|w| state_of(&stream, &w.streams[&stream]).deleted);
+    assert_eq!(deleted, 1, "masked: the count did not change");
+    h.pass(Duration::from_secs(1)).await;
+    assert_ne!(
+        h.coverage.gaps(),
+        gaps,
+        "found by the list of deleted sequences"
+    );
+    assert!(h.fake.with(|w| w.deleted_lists) > lists);
+    // Nothing more deleted: no gap again, and no list asked while the count is explained.
+    h.fake.with(|w| w.held = false);
+    h.pass(Duration::from_secs(1)).await;
+    let gaps = h.coverage.gaps();
+    let lists = h.fake.with(|w| w.deleted_lists);
+    h.pass(Duration::from_secs(3)).await;
+    assert_eq!(h.coverage.gaps(), gaps);
+    assert_eq!(h.fake.with(|w| w.deleted_lists), lists);
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn partitioned_a_class_stream_that_removes_what_its_active_source_has_not_copied_is_a_gap() {
+    let fake = Fake::default();
+    let a = fake.create("A");
+    let h = harness(fake, Some(partitioned()));
+    h.run();
+    h.pass(Duration::from_secs(2)).await;
+    let source = |lag| SourceState {
+        name: a.clone(),
+        lag,
+        active: Some(Duration::from_millis(200)),
+    };
+    h.fake
+        .stream("CHAT_HISTORY_VIEW", |s| s.sources = vec![source(0)]);
+    h.pass(Duration::from_secs(1)).await;
+    assert!(h.caught_up());
+    // A burst: the source is active but behind (lag), and nothing it would copy is proved applied.
+    for i in 0..50 {
+        h.fake.publish(&a, display_subject("A", i));
+    }
+    h.fake
+        .stream("CHAT_HISTORY_VIEW", |s| s.sources = vec![source(50)]);
+    let gaps = h.coverage.gaps();
+    h.pass(Duration::from_secs(3)).await;
+    assert!(
+        !h.caught_up(),
+        "what the class stream stored is not known copied: nothing from memory past the window"
+    );
+    assert_eq!(h.coverage.gaps(), gaps, "nothing lost yet");
+    // Its max_msgs (20) removes the oldest 30 before the source copied them.
+    h.fake.remove_before(&a, 31);
+    h.pass(Duration::from_secs(1)).await;
+    assert_ne!(h.coverage.gaps(), gaps, "removed before copied: a gap");
+    // The source catches up: its class stream is covered again.
+    h.fake
+        .stream("CHAT_HISTORY_VIEW", |s| s.sources = vec![source(0)]);
+    h.pass(Duration::from_secs(2)).await;
+    assert!(h.caught_up());
+}
+
+#[tokio::test(start_paused = true)]
+async fn partitioned_a_class_stream_whose_source_copies_in_time_loses_nothing() {
+    let fake = Fake::default();
+    let a = fake.create("A");
+    let h = harness(fake, Some(partitioned()));
+    h.run();
+    h.pass(Duration::from_secs(2)).await;
+    h.fake.stream("CHAT_HISTORY_VIEW", |s| {
+        s.sources = vec![SourceState {
+            name: a.clone(),
+            lag: 0,
+            active: Some(Duration::from_millis(200)),
+        }];
+    });
+    let gaps = h.coverage.gaps();
+    for round in 0..5 {
+        for i in 0..10 {
+            h.fake.publish(&a, display_subject("A", round * 10 + i));
+        }
+        // Copied (lag 0 at a contact after a round read them), and known so before the next round read the class
+        // stream: their removal after that is no loss.
+        h.pass(Duration::from_millis(2_500)).await;
+        h.fake.remove_before(&a, round * 10 + 6);
+        h.pass(Duration::from_millis(500)).await;
+        assert!(h.caught_up());
+    }
+    assert_eq!(h.coverage.gaps(), gaps);
 }

@@ -258,7 +258,12 @@ mod tests {
 
     fn witness() -> (Witness, Coverage) {
         let coverage = Coverage::new(LAG);
-        let witness = Witness::new(coverage.clone(), Freshness::new(), Metrics::new(), None);
+        let witness = Witness::new(
+            coverage.clone(),
+            Freshness::new(coverage.clone(), LAG),
+            Metrics::new(),
+            None,
+        );
         (witness, coverage)
     }
 
@@ -321,8 +326,8 @@ mod tests {
             prefix: "chv".into(),
         };
         let witness = Witness::new(
-            coverage,
-            Freshness::new(),
+            coverage.clone(),
+            Freshness::new(coverage, LAG),
             Metrics::new(),
             Some(partitioning.clone()),
         );
