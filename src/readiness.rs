@@ -4,6 +4,7 @@
 //! task pings the store (the store itself tells [`Coverage`] of outages, as for every query); the warm-up holds
 //! readiness until it is done ([`crate::warm`]); the shutdown marks the worker stopping.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -48,7 +49,7 @@ struct Inner {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
     pub ok: bool,
-    pub detail: &'static str,
+    pub detail: Cow<'static, str>,
 }
 
 impl Readiness {
@@ -101,12 +102,12 @@ impl Readiness {
         if self.inner.warming.load(Ordering::Acquire) {
             Check {
                 ok: false,
-                detail: "warm-up: hydrating the threads the previous worker read last (at most HISTORY_VIEW_WARM_MAX_SECS)",
+                detail: "warm-up: hydrating the threads the previous worker read last (at most HISTORY_VIEW_WARM_MAX_SECS)".into(),
             }
         } else {
             Check {
                 ok: true,
-                detail: "warm-up done, or none",
+                detail: "warm-up done, or none".into(),
             }
         }
     }
@@ -116,12 +117,12 @@ impl Readiness {
         if self.inner.stopping.load(Ordering::Acquire) {
             Check {
                 ok: false,
-                detail: "shutting down: still serving for HISTORY_VIEW_SHUTDOWN_DELAY_SECS while the endpoints are removed, then draining",
+                detail: "shutting down: still serving for HISTORY_VIEW_SHUTDOWN_DELAY_SECS while the endpoints are removed, then draining".into(),
             }
         } else {
             Check {
                 ok: true,
-                detail: "not shutting down",
+                detail: "not shutting down".into(),
             }
         }
     }
@@ -141,32 +142,47 @@ impl Readiness {
         if !self.inner.subscribed.load(Ordering::Acquire) {
             Check {
                 ok: false,
-                detail: "not subscribed to display events",
+                detail: "not subscribed to display events".into(),
             }
         } else if !self.inner.connected.load(Ordering::Acquire) {
             Check {
                 ok: false,
-                detail: "not connected to NATS",
+                detail: "not connected to NATS".into(),
             }
         } else if self.inner.coverage.catch_up().no_stream() {
             Check {
                 ok: false,
-                detail: "JetStream: no stream matches HISTORY_VIEW_JETSTREAM_STREAMS, or JetStream is unavailable or refused (see the ERROR log)",
+                detail: "JetStream: no stream matches HISTORY_VIEW_JETSTREAM_STREAMS, or JetStream is unavailable or refused (see the ERROR log)".into(),
+            }
+        } else if let refusing = self.inner.coverage.catch_up().refusing()
+            && !refusing.is_empty()
+        {
+            let streams: Vec<String> = refusing
+                .iter()
+                .map(|(stream, why)| format!("stream {stream} {}", why.describe()))
+                .collect();
+            Check {
+                ok: false,
+                detail: format!(
+                    "JetStream: {} (see the ERROR log); reads go to the store",
+                    streams.join("; ")
+                )
+                .into(),
             }
         } else if !self.inner.coverage.is_live() {
             Check {
                 ok: false,
-                detail: "subscription not yet confirmed by a round trip to NATS",
+                detail: "subscription not yet confirmed by a round trip to NATS".into(),
             }
         } else if !self.inner.coverage.catch_up().lanes_caught_up() {
             Check {
                 ok: false,
-                detail: "JetStream consumers are catching up with their streams",
+                detail: "JetStream consumers are catching up with their streams".into(),
             }
         } else {
             Check {
                 ok: true,
-                detail: "subscribed",
+                detail: "subscribed".into(),
             }
         }
     }
@@ -176,19 +192,19 @@ impl Readiness {
         if last == 0 {
             return Check {
                 ok: false,
-                detail: "store has not answered a ping yet",
+                detail: "store has not answered a ping yet".into(),
             };
         }
         let age = Duration::from_millis(self.now_ms().saturating_sub(last - 1));
         if age <= STORE_PING_FRESHNESS {
             Check {
                 ok: true,
-                detail: "store answered a ping recently",
+                detail: "store answered a ping recently".into(),
             }
         } else {
             Check {
                 ok: false,
-                detail: "store has not answered a ping recently",
+                detail: "store has not answered a ping recently".into(),
             }
         }
     }

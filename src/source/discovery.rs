@@ -106,7 +106,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
     /// class published before it existed were captured by no stream).
     async fn run_class_streams(self, stop: CancellationToken) {
         let mut started = false;
-        let mut rounds = self.rounds();
+        let mut rounds = Self::rounds(self.inner.tracker.timing().interval);
         loop {
             if Self::next_round(&mut rounds, &stop).await {
                 return;
@@ -141,10 +141,10 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         }
     }
 
-    /// A discovery round's clock: one round every interval from the start of the last, however long its requests
-    /// took (within the interval), so a confirmation it renews lapses only when a round really fails.
-    pub(super) fn rounds(&self) -> tokio::time::Interval {
-        let mut rounds = tokio::time::interval(self.inner.tracker.timing().interval);
+    /// A discovery round's clock: one round every `every` from the start of the last, however long its requests
+    /// took (within it).
+    pub(super) fn rounds(every: std::time::Duration) -> tokio::time::Interval {
+        let mut rounds = tokio::time::interval(every);
         rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         rounds
     }

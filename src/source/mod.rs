@@ -337,6 +337,10 @@ impl Tracker {
             SourceEvent::StreamAdded(stream) => {
                 self.freshness.track(Part::Stream(stream.to_owned()));
                 self.metrics.source.jetstream_streams(1);
+                // A consumed stream exports its refusals at 0 (a panel sees 0, not nothing).
+                for cause in Refusal::ALL {
+                    self.metrics.source.jetstream_refusing(stream, cause, false);
+                }
             }
             SourceEvent::StreamRemoved(stream) => {
                 self.freshness.forget(&Part::Stream(stream.to_owned()));

@@ -77,7 +77,9 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         // Per class stream, the generation of its upstream lane (cleared by the first round that reads it).
         let mut upstream: HashMap<String, u64> = HashMap::new();
         let mut watched: HashMap<String, Watched> = HashMap::new();
-        let mut rounds = self.rounds();
+        // As often as the consumer's checks: each round's readings of the class streams prove their parts of the
+        // covered-through instant.
+        let mut rounds = Self::rounds(self.inner.tracker.timing().check);
         loop {
             if Self::next_round(&mut rounds, &stop).await {
                 return Ok(());

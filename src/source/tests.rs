@@ -955,7 +955,7 @@ async fn a_stored_message_reaches_the_sink_with_its_headers() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The serving rule: only what checks prove applied moves the covered-through instant (design 2.1.1, 2.1.3).
+// The serving rule: only what checks prove applied moves the covered-through instant ([design 2.1](../../docs/design.md#2.1)).
 
 #[tokio::test(start_paused = true)]
 async fn a_check_that_finds_messages_pending_proves_nothing_so_a_consumer_behind_serves_nothing_from_memory()
