@@ -358,3 +358,42 @@ const WITNESS_RESUBSCRIBED: Duration = Duration::from_secs(1);
 pub fn connection_events() -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {
     mpsc::channel(64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(coverage: &Coverage, witness: bool, event: Event) {
+        let (tx, _rx) = connection_events();
+        on_connection_event(coverage, Source::JetStream, witness, &tx, event);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_witnesss_own_losses_are_gaps_of_every_view_and_without_it_the_streams_resume() {
+        let coverage = Coverage::new(Duration::from_secs(2));
+        let gaps = coverage.gaps();
+        event(&coverage, false, Event::SlowConsumer(1));
+        event(&coverage, false, Event::Disconnected);
+        assert_eq!(
+            coverage.gaps(),
+            gaps,
+            "the streams keep what was published: no gap"
+        );
+
+        event(&coverage, true, Event::SlowConsumer(1));
+        let after_slow = coverage.gaps();
+        assert_ne!(after_slow, gaps, "a sighting the witness lost");
+        event(&coverage, true, Event::Disconnected);
+        let after_cut = coverage.gaps();
+        assert_ne!(
+            after_cut, after_slow,
+            "sightings lost while the link is down"
+        );
+        let reconnected = coverage.now();
+        event(&coverage, true, Event::Connected);
+        assert!(
+            coverage.gaps() >= reconnected.plus(WITNESS_RESUBSCRIBED).nanos(),
+            "and until its subscription is in place again"
+        );
+    }
+}

@@ -400,6 +400,134 @@ mod tests {
         assert!(!position.confirm(&state(1, 60), &pending, 2));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_check_proves_what_was_stored_before_an_earlier_check_once_applied_through_its_reading()
+     {
+        let clock = crate::coverage::Coverage::new(Duration::from_secs(2));
+        let mut position = read_through(10);
+        let behind = ConsumerState {
+            pending: 5,
+            delivered: 10,
+        };
+        // Check 1: the stream holds up to 20, the consumer has applied through 10.
+        let t1 = clock.now();
+        assert!(!position.confirm(&state(1, 20), &behind, 10));
+        assert_eq!(
+            position.covered(t1, &state(1, 20), false),
+            None,
+            "pending: nothing proved"
+        );
+        // Check 2: applied through 25 meanwhile (the stream at 30 now): everything stored before check 1 is applied.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let t2 = clock.now();
+        position.applied = Some(25);
+        assert!(!position.confirm(&state(1, 30), &behind, 20));
+        assert_eq!(position.covered(t2, &state(1, 30), false), Some(t1));
+        // Check 3: drained: everything stored before it asked.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let t3 = clock.now();
+        position.applied = Some(30);
+        let drained = ConsumerState {
+            pending: 0,
+            delivered: 25,
+        };
+        assert!(position.confirm(&state(1, 30), &drained, 25));
+        assert_eq!(position.covered(t3, &state(1, 30), true), Some(t3));
+    }
+
+    fn configured(change: impl FnOnce(&mut StreamState)) -> StreamState {
+        let mut state = state(1, 100);
+        state.messages = 100;
+        state.bytes = 10_000;
+        change(&mut state);
+        state
+    }
+
+    #[test]
+    fn a_stream_refuses_display_events_full_with_discard_new_sealed_or_no_longer_capturing_them() {
+        use async_nats::jetstream::stream::DiscardPolicy;
+        let display = "agent.*.*.*.*.*.display_event.*.*";
+        let consumed = vec!["agent.A.*.*.*.*.display_event.*.*".to_owned()];
+        let class = |s: &mut StreamState| s.subjects = vec!["agent.A.>".into()];
+        let consumed_on = Some((consumed.as_slice(), display));
+        assert_eq!(refusal(&configured(class), consumed_on), None);
+        let full = configured(|s| {
+            class(s);
+            s.config.discard = DiscardPolicy::New;
+            s.config.max_messages = 100;
+        });
+        assert_eq!(refusal(&full, consumed_on), Some(Refusal::Full));
+        let discard_old = StreamState {
+            config: async_nats::jetstream::stream::Config {
+                discard: DiscardPolicy::Old,
+                ..full.config.clone()
+            },
+            ..full.clone()
+        };
+        assert_eq!(
+            refusal(&discard_old, consumed_on),
+            None,
+            "discard old keeps taking"
+        );
+        // max_bytes: full once the largest message may not fit.
+        let bytes = |max_bytes| {
+            configured(|s| {
+                class(s);
+                s.config.discard = DiscardPolicy::New;
+                s.config.max_bytes = max_bytes;
+            })
+        };
+        assert_eq!(refusal(&bytes(11_024), consumed_on), None);
+        assert_eq!(refusal(&bytes(11_023), consumed_on), Some(Refusal::Full));
+        let sealed = configured(|s| {
+            class(s);
+            s.config.sealed = true;
+        });
+        assert_eq!(refusal(&sealed, consumed_on), Some(Refusal::Sealed));
+        let edited = configured(|s| s.subjects = vec!["agent.A.*.*.*.*.control.*.*".into()]);
+        assert_eq!(refusal(&edited, consumed_on), Some(Refusal::Subjects));
+        let narrower = configured(|s| s.subjects = vec!["agent.A.x.>".into()]);
+        assert_eq!(refusal(&narrower, consumed_on), Some(Refusal::Subjects));
+        let wider = configured(|s| s.subjects = vec!["agent.>".into()]);
+        assert_eq!(refusal(&wider, consumed_on), None);
+    }
+
+    #[test]
+    fn subjects_cover_by_nats_wildcards() {
+        assert!(covers("agent.>", "agent.A.*.x"));
+        assert!(covers("agent.*.b", "agent.A.b"));
+        assert!(covers("agent.*.b", "agent.*.b"));
+        assert!(!covers("agent.A.b", "agent.*.b"));
+        assert!(!covers("agent.*", "agent.>"));
+        assert!(!covers("agent.*", "agent.a.b"));
+        assert!(covers("a.>", "a.>"));
+    }
+
+    #[test]
+    fn past_the_listed_bound_a_front_that_moves_over_holes_while_something_is_unread_is_a_needless_gap()
+     {
+        let many = StreamState {
+            deleted: MAX_LISTED_HOLES + 1,
+            ..state(1, 100_000)
+        };
+        let mut position = Position::new(&many);
+        position.through = 50;
+        assert!(!position.needs_deleted_list(&many), "too many to list");
+        let moved = StreamState {
+            first_seq: 10,
+            ..many.clone()
+        };
+        assert_eq!(
+            position.judge(&moved),
+            Judgement::Continues(vec![GapCause::Deleted])
+        );
+        assert_eq!(
+            position.judge(&moved),
+            Judgement::Continues(vec![]),
+            "nothing changed"
+        );
+    }
+
     proptest::proptest! {
         /// Whatever the readings, a message beyond the read-through position that the stream no longer holds is
         /// a gap: the position never passes a sequence that is gone unless the judgement listed a loss.
