@@ -13,8 +13,8 @@ use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
 use super::api::{Api, ApiError, Consumer, ConsumerState, Start, StreamState};
-use super::rule::{self, Judgement, Position};
-use super::{GapCause, JetStreamSource, Lane, Refusal, Sink, SourceEvent, filter_subjects};
+use super::rule::{Judgement, Position, Refusals};
+use super::{GapCause, JetStreamSource, Lane, Sink, SourceEvent, filter_subjects};
 
 /// Backoff between attempts to (re)create a consumer.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -38,11 +38,8 @@ enum Ended {
 /// What a stream's loop keeps across its consumers.
 #[derive(Default)]
 struct Watched {
-    /// The display-event filters the stream was first consumed on (class streams): its subjects must keep
-    /// covering them.
-    consumed_on: Option<Vec<String>>,
-    /// Why the stream refuses display events, while it does.
-    refused: Option<Refusal>,
+    /// Whether the stream refuses display events, and the filters it was first consumed on (class streams).
+    refusals: Refusals,
     /// The filters of the consumer now.
     filters: Vec<String>,
     /// Partitioned: proofs of the sources waiting for the consumer to apply through them.
@@ -114,7 +111,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 }
             }
         }
-        if let Some(was) = watched.refused.take() {
+        if let Some(was) = watched.refusals.now.take() {
             tracker.emit(SourceEvent::Refusing {
                 stream: &name,
                 now: None,
@@ -198,11 +195,14 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
             Some((partitioning, _)) => vec![partitioning.filter_subject()],
             None => filter_subjects(&state.subjects, &self.inner.settings.subject),
         };
-        if filters.is_empty() && watched.consumed_on.is_none() {
+        if filters.is_empty() && watched.refusals.consumed_on.is_none() {
             return Ended::NoSubjects;
         }
         if self.inner.settings.partitioned.is_none() {
-            let consumed_on = watched.consumed_on.get_or_insert_with(|| filters.clone());
+            let consumed_on = watched
+                .refusals
+                .consumed_on
+                .get_or_insert_with(|| filters.clone());
             if filters.is_empty() {
                 // It captured display events once: it refuses them now (its subjects were edited).
                 filters.clone_from(consumed_on);
@@ -391,18 +391,17 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
 
     /// Records whether the stream (its reading `state`) refuses display events now.
     fn judge_refusal(&self, name: &str, state: &StreamState, watched: &mut Watched) {
-        let consumed = watched
-            .consumed_on
-            .as_deref()
-            .map(|filters| (filters, self.inner.settings.subject.as_str()));
-        let now = rule::refusal(state, consumed);
-        if now != watched.refused {
+        let subject = match self.inner.settings.partitioned {
+            // The partitioned stream has the sources' subjects, not its own.
+            Some(_) => None,
+            None => Some(self.inner.settings.subject.as_str()),
+        };
+        if let Some(was) = watched.refusals.judge(state, subject) {
             self.inner.tracker.emit(SourceEvent::Refusing {
                 stream: name,
-                now,
-                was: watched.refused,
+                now: watched.refusals.now,
+                was,
             });
-            watched.refused = now;
         }
     }
 }

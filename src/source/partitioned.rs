@@ -14,11 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::api::{Api, ApiError, SourceState, Start, StreamState};
 use super::discovery::lock;
-use super::rule::refusal;
+use super::rule::Refusals;
 use super::upstream::{Upstream, copied_from};
-use super::{
-    CLOCK_SKEW_MARGIN, GapCause, JetStreamSource, Lane, Refusal, Sink, SourceEvent, filter_subjects,
-};
+use super::{CLOCK_SKEW_MARGIN, GapCause, JetStreamSource, Lane, Sink, SourceEvent};
 use crate::coverage::Stamp;
 use crate::partition::{Partitioning, StreamSettings};
 
@@ -29,14 +27,6 @@ const SOURCE_HEADER: &str = "Nats-Stream-Source";
 /// check, the last sequence its first reading found, and the class streams whose sources had nothing left to copy
 /// then, each with the earliest moment nats-server last heard from it.
 pub(super) type SourceProofs = VecDeque<(u64, Vec<(String, Stamp)>)>;
-
-/// A class stream upstream as the rounds last judged it: the display-event filters it was first seen with and
-/// why it refuses events, if it does.
-#[derive(Default)]
-struct Watched {
-    consumed_on: Option<Vec<String>>,
-    refused: Option<Refusal>,
-}
 
 /// A source of the partitioned stream not heard from for this long is stalled: the worker is behind until it is
 /// active again with nothing left to copy (nats-server hears from a healthy source every second or so, idle or
@@ -76,7 +66,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         let mut warned_unbound = false;
         // Per class stream, the generation of its upstream lane (cleared by the first round that reads it).
         let mut upstream: HashMap<String, u64> = HashMap::new();
-        let mut watched: HashMap<String, Watched> = HashMap::new();
+        let mut watched: HashMap<String, Refusals> = HashMap::new();
         // As often as the consumer's checks: each round's readings of the class streams prove their parts of the
         // covered-through instant.
         let mut rounds = Self::rounds(self.inner.tracker.timing().check);
@@ -138,7 +128,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         names: &[String],
         last: &HashMap<String, Identity>,
         upstream: &mut HashMap<String, u64>,
-        watched: &mut HashMap<String, Watched>,
+        watched: &mut HashMap<String, Refusals>,
     ) -> HashMap<String, Identity> {
         let tracker = &self.inner.tracker;
         let timeout = tracker.timing().request_timeout;
@@ -213,10 +203,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 tracker.emit(SourceEvent::Cleared(&Lane::Unconfirmed(name.clone())));
                 tracker.forget_upstream(name);
                 lock(&self.inner.upstream).remove(name);
-                if let Some(Watched {
-                    refused: Some(was), ..
-                }) = watched.remove(name)
-                {
+                if let Some(Refusals { now: Some(was), .. }) = watched.remove(name) {
                     tracker.emit(SourceEvent::Refusing {
                         stream: name,
                         now: None,
@@ -231,19 +218,13 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
 
     /// Whether a class stream upstream refuses display events now (full with `discard: new`, sealed, subjects that
     /// no longer cover those it was first seen with).
-    fn judge_class_refusal(&self, name: &str, state: &StreamState, watched: &mut Watched) {
-        let subject = &self.inner.settings.subject;
-        let consumed_on = watched
-            .consumed_on
-            .get_or_insert_with(|| filter_subjects(&state.subjects, subject));
-        let now = refusal(state, Some((consumed_on.as_slice(), subject.as_str())));
-        if now != watched.refused {
+    fn judge_class_refusal(&self, name: &str, state: &StreamState, refusals: &mut Refusals) {
+        if let Some(was) = refusals.judge(state, Some(&self.inner.settings.subject)) {
             self.inner.tracker.emit(SourceEvent::Refusing {
                 stream: name,
-                now,
-                was: watched.refused,
+                now: refusals.now,
+                was,
             });
-            watched.refused = now;
         }
     }
 

@@ -230,6 +230,29 @@ pub fn refusal(state: &StreamState, consumed: Option<(&[String], &str)>) -> Opti
     (config.discard == DiscardPolicy::New && full).then_some(Refusal::Full)
 }
 
+/// Whether one stream refuses display events, as its readings show, and the display-event filters it was first
+/// consumed (or seen) on, which its subjects must keep covering.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    pub consumed_on: Option<Vec<String>>,
+    pub now: Option<Refusal>,
+}
+
+impl Refusals {
+    /// Judges a reading ([`refusal`]); with `subject` (the display-event subjects), its subjects too, against the
+    /// filters it was first seen with. Returns what it was before when that changed.
+    pub fn judge(&mut self, state: &StreamState, subject: Option<&str>) -> Option<Option<Refusal>> {
+        let consumed = subject.map(|subject| {
+            let filters = self
+                .consumed_on
+                .get_or_insert_with(|| filter_subjects(&state.subjects, subject));
+            (filters.as_slice(), subject)
+        });
+        let now = refusal(state, consumed);
+        (now != self.now).then(|| std::mem::replace(&mut self.now, now))
+    }
+}
+
 /// Whether every subject `inner` matches, `outer` matches too (NATS wildcards: `*` one token, `>` the rest).
 pub fn covers(outer: &str, inner: &str) -> bool {
     let (mut o, mut i) = (outer.split('.'), inner.split('.'));
