@@ -191,7 +191,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         let Some(position) = position.as_mut() else {
             return Ended::Resume { progressed: false };
         };
-        let mut filters = match &self.inner.settings.partitioned {
+        let filters = match &self.inner.settings.partitioned {
             Some((partitioning, _)) => vec![partitioning.filter_subject()],
             None => filter_subjects(&state.subjects, &self.inner.settings.subject),
         };
@@ -199,13 +199,15 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
             return Ended::NoSubjects;
         }
         if self.inner.settings.partitioned.is_none() {
-            let consumed_on = watched
+            watched
                 .refusals
                 .consumed_on
                 .get_or_insert_with(|| filters.clone());
             if filters.is_empty() {
-                // It captured display events once: it refuses them now (its subjects were edited).
-                filters.clone_from(consumed_on);
+                // It captured display events once and captures none now (its subjects were edited): no consumer
+                // can be made on them; it refuses them until its subjects cover them again.
+                self.judge_refusal(name, &state, watched);
+                return Ended::Resume { progressed: false };
             }
         }
         let mut consumer = match self

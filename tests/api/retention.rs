@@ -7,10 +7,11 @@
 //! while the worker was frozen; bursts past a class stream's `max_msgs` and past the partitioned stream's
 //! `HISTORY_VIEW_JETSTREAM_MAX_BYTES`; the partitioned stream purged while the owner was frozen; the leader of an R3
 //! class stream killed; no stream matching `HISTORY_VIEW_JETSTREAM_STREAMS`; a nats-server without JetStream; a
-//! class stream created while workers run (class streams and partitioned).
+//! class stream created while workers run (class streams and partitioned); a worker behind its class stream under a
+//! burst of other threads' events; a class stream full with `discard: new` that refuses a chunk (issue 47).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ use tokio::task::JoinSet;
 
 use crate::helpers::{
     Api, BinaryApp, TestStore, chunk_row, encode, metric, publish_rows, unique, user_row,
+    worker_binary,
 };
 use crate::projector::decode_rows;
 use crate::scene::{Scene, now_ns, read_until_cache, wait_metric};
@@ -1368,4 +1370,471 @@ async fn a_class_stream_created_while_partitioned_workers_run_is_sourced_from_it
         "each of its first 5 messages once"
     );
     deployment.cold_reads_equal(&[thread], &ledger).await;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 9, 10: the serving rule (issue 47): a worker behind its stream under a burst, and a class stream that refuses
+// display events, never answer from memory without what the store has held longer than the bound.
+
+/// A JetStream worker on `scene` with the default settings: the test build, or the one `CHV_WORKER_BINARY` names
+/// (to hold another build to the same scenario).
+async fn default_class_worker(scene: &Scene) -> BinaryApp {
+    scene
+        .worker_binary(
+            &worker_binary(),
+            scene.nats.url(),
+            &[JETSTREAM, LAG_SETTING],
+        )
+        .await
+}
+
+/// How far behind its stream the burst must put the worker: a chunk of the read thread applied only this long after
+/// its stream stored it, past the bound (so an answer from memory could have lacked it for a second).
+const BEHIND: Duration = Duration::from_millis(3_000);
+/// The burst's events: at least this many; then, while no chunk has waited [`BEHIND`] and the worker catches up,
+/// as many again, for at most [`BURST_FOR_AT_MOST`]; after that a worker that still keeps up is frozen for
+/// [`BEHIND`] and half a second while the burst goes on.
+const BURST_MIN: usize = 150_000;
+const BURST_FOR_AT_MOST: Duration = Duration::from_secs(8);
+const PUBLISHERS: usize = 3;
+
+/// A display event aihub's agents publish in a burst, as `(subject, payload)`: chunk `n` of publisher `p`, on one
+/// of 1,000 threads of its own that no worker has a view of (decoded by the worker, then dropped for want of a view),
+/// from an agent of class `A`. Formatted directly (the subject and payload [`chunk_row`] makes: checked by
+/// [`burst_event_is_a_chunk_row`]), so that publishing it costs the test next to nothing.
+fn burst_event(p: usize, n: usize) -> (String, String) {
+    let thread = format!("t-ret-flood-{p}-{}", n % 1_000);
+    let id = format!("f{p}-{n}");
+    let subject = format!("agent.A.a1.{thread}.d1.run-1.display_event.ChunkEvent.{id}");
+    let payload = format!(
+        r#"{{"content":"[{id}]","model_name":"m","event_id":"{id}","created_at":{},"_event_name":"ChunkEvent","_parent_event_names":["ChunkEvent","DisplayEvent"]}}"#,
+        now_ns(0)
+    );
+    (subject, payload)
+}
+
+fn burst_event_is_a_chunk_row() {
+    let (subject, payload) = burst_event(2, 1_007);
+    let payload: Value = serde_json::from_str(&payload).expect("JSON");
+    let row = chunk_row(
+        "t-ret-flood-2-7",
+        "d1",
+        "A",
+        "f2-1007",
+        payload["created_at"].as_i64().expect("created_at"),
+        "[f2-1007]",
+    );
+    assert_eq!(subject, test_support::rows::subject(&row));
+    assert_eq!(payload, row["event_data"]);
+}
+
+/// Publisher `p` floods `agent_A_stream` with [`burst_event`]s (Core publishes, as aihub's agents make them), 500
+/// at a time, while the publishers together have published (`published`) less than `quota`, until `stop`.
+async fn flood(
+    client: async_nats::Client,
+    p: usize,
+    stop: Arc<AtomicBool>,
+    published: Arc<AtomicUsize>,
+    quota: Arc<AtomicUsize>,
+) {
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        if published.load(Ordering::SeqCst) >= quota.load(Ordering::SeqCst) {
+            client.flush().await.expect("flush");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        for _ in 0..500 {
+            let (subject, payload) = burst_event(p, n);
+            client
+                .publish(subject, payload.into())
+                .await
+                .expect("publish");
+            n += 1;
+        }
+        published.fetch_add(500, Ordering::SeqCst);
+    }
+    client.flush().await.expect("flush");
+}
+
+/// What `/metrics` said of a stream's last applied sequence, sampled all along: `(when the scrape was sent,
+/// sequence)`. A sample says the sequences past it were not applied yet when it was sent.
+#[derive(Clone, Default)]
+struct Applied {
+    samples: Arc<Mutex<Vec<(Instant, u64)>>>,
+}
+
+impl Applied {
+    /// Samples `api`'s `history_view_jetstream_last_sequence` of `stream` every 100 ms until `running` is false (a
+    /// scrape that fails or takes over 5 s is left out).
+    fn watch(
+        &self,
+        api: Api,
+        stream: &'static str,
+        running: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let samples = self.samples.clone();
+        let sample = format!("history_view_jetstream_last_sequence{{stream=\"{stream}\"}}");
+        tokio::spawn(async move {
+            while running.load(Ordering::SeqCst) {
+                let sent = Instant::now();
+                let scraped = api
+                    .http
+                    .get(format!("{}/metrics", api.address))
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await;
+                if let Ok(response) = scraped
+                    && let Ok(metrics) = response.text().await
+                {
+                    let sequence = metric(&metrics, &sample) as u64;
+                    samples.lock().unwrap().push((sent, sequence));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    }
+
+    /// The last sequence seen applied.
+    fn latest(&self) -> u64 {
+        self.samples.lock().unwrap().last().map_or(0, |s| s.1)
+    }
+
+    /// How long the message of stream sequence `sequence`, stored at `stored`, is known to have waited unapplied:
+    /// until the last scrape sent that did not show it applied.
+    fn waited(&self, sequence: u64, stored: Instant) -> Duration {
+        self.samples
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(_, applied)| *applied < sequence)
+            .map_or(Duration::ZERO, |(sent, _)| {
+                sent.saturating_duration_since(stored)
+            })
+    }
+
+    /// The longest any of `chunks` (stream sequence, when its stream acknowledged it) is known to have waited.
+    fn longest_wait(&self, chunks: &[(u64, Instant)]) -> Duration {
+        chunks
+            .iter()
+            .map(|(sequence, stored)| self.waited(*sequence, *stored))
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// Each chunk's stream sequence and when its stream acknowledged it.
+type Acknowledged = Arc<Mutex<Vec<(u64, Instant)>>>;
+
+/// Stores each chunk (the ledger) once its stream has acknowledged it, in the order published, and notes it in
+/// `acknowledged`.
+fn store_once_acknowledged(
+    ledger: &Ledger,
+    store: TestStore,
+    acknowledged: Acknowledged,
+) -> (
+    tokio::sync::mpsc::UnboundedSender<(Value, jetstream::context::PublishAckFuture)>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (send, mut received) =
+        tokio::sync::mpsc::unbounded_channel::<(Value, jetstream::context::PublishAckFuture)>();
+    let ledger = ledger.clone();
+    let task = tokio::spawn(async move {
+        while let Some((row, ack)) = received.recv().await {
+            let ack = ack.await.expect("stored by its stream");
+            acknowledged
+                .lock()
+                .unwrap()
+                .push((ack.sequence, Instant::now()));
+            ledger.store(&store, &[row]).await;
+        }
+    });
+    (send, task)
+}
+
+/// Stops the publishers and returns `agent_A_stream`'s last sequence once they have flushed.
+async fn end_burst(
+    stop: &AtomicBool,
+    publishers: &mut JoinSet<()>,
+    context: &jetstream::Context,
+) -> u64 {
+    stop.store(true, Ordering::SeqCst);
+    while let Some(done) = publishers.join_next().await {
+        done.expect("a publisher");
+    }
+    stream_state(context, "agent_A_stream").await.last_sequence
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_behind_its_class_stream_in_a_burst_never_answers_from_memory_without_a_chunk_stored_past_the_bound()
+ {
+    let _timed = Timed::new(
+        "a_worker_behind_its_class_stream_in_a_burst_never_answers_from_memory_without_a_chunk_stored_past_the_bound",
+    );
+    burst_event_is_a_chunk_row();
+    let scene = Scene::new().await;
+    create_class_streams(&scene.nats.url(), ["UserAgent".into(), "A".into()]).await;
+    let app = default_class_worker(&scene).await;
+    let ledger = Ledger::default();
+    let thread = "t-ret-behind";
+    opened(&scene, &ledger, &app.api, thread).await;
+    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    // A chunk's acknowledgement waits for the stream to store what was published before it.
+    let mut context = jetstream::new(scene.publisher.clone());
+    context.set_timeout(Duration::from_secs(60));
+    let applied = Applied::default();
+    let watching = Arc::new(AtomicBool::new(true));
+    let watcher = applied.watch(app.api.clone(), "agent_A_stream", watching.clone());
+    let store = TestStore::connect(&scene.mongo.uri(), &scene.database).await;
+    let acknowledged = Acknowledged::default();
+    let (storing, stored) = store_once_acknowledged(&ledger, store, acknowledged.clone());
+
+    // The burst: publishers of their own (aihub's agents), into the class stream the thread's chunks go to.
+    let began = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let published = Arc::new(AtomicUsize::new(0));
+    let quota = Arc::new(AtomicUsize::new(BURST_MIN));
+    let mut publishers = JoinSet::new();
+    for p in 0..PUBLISHERS {
+        let client = async_nats::connect(scene.nats.url())
+            .await
+            .expect("a publisher");
+        publishers.spawn(flood(
+            client,
+            p,
+            stop.clone(),
+            published.clone(),
+            quota.clone(),
+        ));
+    }
+    // A chunk of the thread every 250 ms, published (stored by its stream once acknowledged) and then stored, as
+    // aihub does, during the burst and until the worker has caught up. Once BURST_MIN events are published, the
+    // burst ends when a chunk has waited BEHIND unapplied; a worker that catches up before that gets BURST_MIN
+    // more, for at most BURST_FOR_AT_MOST, then is frozen for BEHIND and half a second while the burst goes on.
+    enum Phase {
+        Flooding,
+        Watching,
+        Frozen(Instant),
+        Over(u64),
+    }
+    let mut phase = Phase::Flooding;
+    // When the worker was frozen, and until when.
+    let mut froze: Option<(Instant, Instant)> = None;
+    let mut chunks = 0;
+    // How many chunks had been published when the last round of the burst was complete.
+    let mut before_watching = 0;
+    let mut next = Instant::now();
+    loop {
+        assert!(
+            began.elapsed() < Duration::from_secs(90),
+            "the burst and the catch-up took over 90 s: {}",
+            diagnostics(&app.api).await
+        );
+        chunks += 1;
+        let row = chunk(thread, "A", chunks, 0);
+        let ack = context
+            .publish(
+                test_support::rows::subject(&row),
+                test_support::rows::payload(&row).into(),
+            )
+            .await
+            .expect("publish");
+        storing.send((row, ack)).expect("the storing task");
+        match phase {
+            Phase::Flooding => {
+                if published.load(Ordering::SeqCst) >= quota.load(Ordering::SeqCst) {
+                    before_watching = chunks;
+                    phase = Phase::Watching;
+                }
+            }
+            Phase::Watching => {
+                let acknowledged = acknowledged.lock().unwrap().clone();
+                let through = acknowledged.last().map_or(0, |c| c.0);
+                if applied.longest_wait(&acknowledged) >= BEHIND {
+                    phase = Phase::Over(end_burst(&stop, &mut publishers, &context).await);
+                } else if acknowledged.len() > before_watching && applied.latest() >= through {
+                    if began.elapsed() < BURST_FOR_AT_MOST {
+                        eprintln!("caught up with {through}: {BURST_MIN} events more");
+                        quota.fetch_add(BURST_MIN, Ordering::SeqCst);
+                        phase = Phase::Flooding;
+                    } else {
+                        // Frozen while the burst goes on: it has a backlog to apply when thawed.
+                        eprintln!("the worker keeps up: frozen for {BEHIND:?}");
+                        tokio::task::block_in_place(|| app.pause());
+                        quota.fetch_add(BURST_MIN, Ordering::SeqCst);
+                        phase = Phase::Frozen(Instant::now());
+                    }
+                }
+            }
+            Phase::Frozen(since) => {
+                if since.elapsed() >= BEHIND + Duration::from_millis(500) {
+                    app.resume();
+                    froze = Some((since, Instant::now()));
+                    phase = Phase::Over(end_burst(&stop, &mut publishers, &context).await);
+                }
+            }
+            Phase::Over(last) => {
+                if applied.latest() >= last {
+                    break;
+                }
+            }
+        }
+        next += Duration::from_millis(250);
+        tokio::time::sleep_until(next.into()).await;
+    }
+    let caught_up = began.elapsed();
+    drop(storing);
+    stored.await.expect("the storing task");
+    // Read on for 2 s after.
+    reader
+        .wait_started_after(Instant::now() + Duration::from_secs(2))
+        .await;
+    watching.store(false, Ordering::SeqCst);
+    watcher.await.expect("the watcher");
+    // How long each chunk is known to have waited unapplied: by the scrapes, or (acknowledged while the worker was
+    // frozen) until it was thawed.
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    let waits: Vec<Duration> = acknowledged
+        .iter()
+        .map(|(sequence, stored)| {
+            let thawed = froze
+                .filter(|(from, to)| (*from..*to).contains(stored))
+                .map_or(Duration::ZERO, |(_, to)| to - *stored);
+            applied.waited(*sequence, *stored).max(thawed)
+        })
+        .collect();
+    let longest = waits.iter().max().copied().unwrap_or_default();
+    let past_the_bound = waits.iter().filter(|w| **w > LAG).count();
+    let flooded = published.load(Ordering::SeqCst);
+    let last = stream_state(&context, "agent_A_stream").await.last_sequence;
+    eprintln!(
+        "burst: {flooded} events by {PUBLISHERS} publishers ({last} messages in the stream in all); {} chunks of \
+         {thread}, {past_the_bound} of them known to have waited unapplied more than the bound after their stream \
+         stored them (the longest {longest:?}); caught up {caught_up:?} after the burst began",
+        acknowledged.len(),
+    );
+    let report = reader.finish().await;
+    eprintln!(
+        "{} reads from memory, {} from the store",
+        report.cache, report.store
+    );
+    assert!(flooded >= BURST_MIN, "{flooded} events");
+    assert!(
+        longest >= BEHIND,
+        "the burst did not put the worker {BEHIND:?} behind (the longest wait {longest:?})"
+    );
+    settle(&app.api, thread, &ledger, Duration::from_secs(20)).await;
+    cold_reads_equal_in(&scene, &[thread.to_owned()], &ledger).await;
+}
+
+/// `history_view_jetstream_refusing` of `stream` for `cause` (0 when absent), whatever the order of its labels.
+fn refusing(metrics: &str, stream: &str, cause: &str) -> f64 {
+    let (stream, cause) = (format!("stream=\"{stream}\""), format!("cause=\"{cause}\""));
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("history_view_jetstream_refusing{"))
+        .filter(|l| l.contains(&stream) && l.contains(&cause))
+        .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_stream_full_with_discard_new_refuses_a_chunk_and_nothing_is_answered_from_memory_without_it()
+ {
+    let _timed = Timed::new(
+        "a_class_stream_full_with_discard_new_refuses_a_chunk_and_nothing_is_answered_from_memory_without_it",
+    );
+    let scene = Scene::new().await;
+    create_class_streams(&scene.nats.url(), ["UserAgent".into()]).await;
+    create_limited_class_stream(&scene.nats.url(), "A", |config| {
+        config.max_messages = 200;
+        config.discard = stream::DiscardPolicy::New;
+    })
+    .await;
+    let app = default_class_worker(&scene).await;
+    let ledger = Ledger::default();
+    let thread = "t-ret-refused";
+    opened(&scene, &ledger, &app.api, thread).await;
+    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let context = jetstream::new(scene.publisher.clone());
+
+    // Other threads' chunks fill the stream to its limit: from then on it refuses what is published to it.
+    let others: Vec<Value> = (1..=200)
+        .map(|n| chunk(&format!("t-ret-refused-other-{}", n % 10), "A", n, 0))
+        .collect();
+    publish_stored(&context, &others).await;
+    wait_stream(&context, "agent_A_stream", "full", |s| s.messages == 200).await;
+    // A chunk of the thread: refused by its stream, stored by aihub's persister all the same.
+    let refused = chunk(thread, "A", 1, 0);
+    let answer = context
+        .publish(
+            test_support::rows::subject(&refused),
+            test_support::rows::payload(&refused).into(),
+        )
+        .await
+        .expect("publish")
+        .await;
+    assert!(answer.is_err(), "the full stream took it: {answer:?}");
+    eprintln!("refused: {}", answer.expect_err("refused"));
+    ledger
+        .store(&scene.store, std::slice::from_ref(&refused))
+        .await;
+    let stored = Instant::now();
+
+    // The thread's answer has the chunk, from the store, by the bound after it was stored (the reader judges every
+    // answer meanwhile); the worker says why.
+    let mut with_it = None;
+    while stored.elapsed() < LAG + Duration::from_secs(3) {
+        let reply = app.api.history(thread, "").await;
+        if reply.status == 200 && reply.body.contains(&token(&refused)) {
+            with_it = Some((reply.source().map(str::to_owned), stored.elapsed()));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Read on for the bound and 2 s more: never from memory without it.
+    reader
+        .wait_started_after(stored + LAG + Duration::from_secs(2))
+        .await;
+    let ready = app.api.get("/readyz", &[]).await;
+    let metrics = app.api.metrics().await;
+    let report = reader.finish().await;
+    eprintln!(
+        "refused chunk answered: {with_it:?}; /readyz {} {}; {} reads from memory, {} from the store",
+        ready.status, ready.body, report.cache, report.store
+    );
+    assert!(
+        with_it.is_some(),
+        "never answered with the refused chunk:\n{}",
+        diagnostics(&app.api).await
+    );
+    assert_eq!(ready.status, 503, "ready while refusing: {}", ready.body);
+    assert!(ready.body.contains("agent_A_stream"), "{}", ready.body);
+    assert_eq!(
+        refusing(&metrics, "agent_A_stream", "full"),
+        1.0,
+        "{}",
+        diagnostics(&app.api).await
+    );
+
+    // Room again (a purge): no longer refusing, a gap (what it refused reached no stream), and the thread served
+    // from memory again, with the chunk.
+    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    context
+        .get_stream("agent_A_stream")
+        .await
+        .expect("the stream")
+        .purge()
+        .await
+        .expect("a purge");
+    wait_metric(&app.api, &gap_cause("refused"), 1.0).await;
+    app.wait_ready().await;
+    settle(&app.api, thread, &ledger, Duration::from_secs(20)).await;
+    reader.read_on_then_finish().await;
+    assert_eq!(
+        refusing(&app.api.metrics().await, "agent_A_stream", "full"),
+        0.0
+    );
+    cold_reads_equal_in(&scene, &[thread.to_owned()], &ledger).await;
 }
