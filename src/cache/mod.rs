@@ -323,10 +323,14 @@ impl<S: StoreReads> ViewCache<S> {
     ) -> Result<Answer<F>, ReadError> {
         let entry = self.entry(thread_id).await;
         entry.read_now(&self.coverage);
-        if !self.freshness.serves() && !self.coverage.catch_up().blocked() {
+        if !self.freshness.serves()
+            && !self.coverage.catch_up().blocked()
+            && self.state(&entry) == ViewState::Complete
+        {
             // The source has not proved it applied everything stored up to the window before now (a consumer
-            // behind its stream, a resumed one, a frozen link): a complete view may lack it. Wait for it within
-            // part of the read's time, then read the store; not for a lane that lasts until someone acts.
+            // behind its stream, a resumed one, a frozen link): the complete view may lack it. Wait for it within
+            // part of the read's time, then read the store; not for a lane that lasts until someone acts, nor for
+            // a view that needs the store anyway.
             self.freshness
                 .wait(Instant::now() + self.bounds.store_timeout / 2)
                 .await;

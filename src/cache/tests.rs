@@ -1360,3 +1360,20 @@ async fn a_complete_view_is_answered_from_memory_only_while_the_source_proves_th
         .unwrap_or_default();
     assert!(age <= scene.freshness.window(), "{age:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_read_of_a_view_that_needs_the_store_anyway_does_not_wait_for_the_source() {
+    let scene = Scene::new();
+    scene.stored_turn();
+    scene.past_the_bound().await;
+    scene.probing.store(false, Ordering::Release);
+    tokio::time::sleep(scene.freshness.window()).await;
+    let asked = tokio::time::Instant::now();
+    let answer = scene.read().await.unwrap();
+    assert_eq!(answer.source, Source::Store);
+    assert_eq!(
+        tokio::time::Instant::now(),
+        asked,
+        "a cold view reads the store at once"
+    );
+}
