@@ -281,20 +281,21 @@ impl Tracker {
             }
             SourceEvent::Refusing { stream, now, was } => {
                 if let Some(was) = was.filter(|was| Some(*was) != now) {
-                    self.metrics.source.jetstream_refusing(stream, was, false);
-                    self.clear(&Lane::Refusing(stream.to_owned(), was));
                     if now.is_none() {
                         tracing::info!(
                             stream,
                             cause = was.label(),
                             "the stream takes display events again"
                         );
+                        // The gap first: once the hold is released, no complete view may predate it.
                         self.emit(SourceEvent::Gap {
                             stream,
                             cause: GapCause::Refused,
                             at: None,
                         });
                     }
+                    self.metrics.source.jetstream_refusing(stream, was, false);
+                    self.clear(&Lane::Refusing(stream.to_owned(), was));
                 }
                 if let Some(now) = now.filter(|now| Some(*now) != was) {
                     tracing::error!(
