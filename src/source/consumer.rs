@@ -1,5 +1,5 @@
 //! One consumed stream's loop: creates an ephemeral consumer where the [`Position`] says, applies its deliveries,
-//! and checks the stream every [`super::Timing::check`] (right after each consumer is created too): a reading
+//! and checks the stream every [`crate::freshness::Freshness::prove_every`] (right after each consumer is created too): a reading
 //! of the stream, the consumer's state, a second reading ([`Position::judge`], [`Position::confirm`]), which prove
 //! the stream's part of the covered-through instant ([`Position::covered`]) and whether it still takes display
 //! events ([`rule::refusal`]). A request
@@ -42,8 +42,6 @@ struct Watched {
     refusals: Refusals,
     /// The filters of the consumer now.
     filters: Vec<String>,
-    /// Partitioned: proofs of the sources waiting for the consumer to apply through them.
-    proofs: super::partitioned::SourceProofs,
 }
 
 /// A request of a check or a resume that failed or took too long.
@@ -220,7 +218,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         watched.filters = filters;
         let mut delivered = 0u64;
         let mut caught_up = false;
-        let mut checks = tokio::time::interval(tracker.timing().check);
+        let mut checks = tokio::time::interval(tracker.freshness().prove_every());
         checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // One cancellation future for the whole loop, not one registered and dropped per message.
         let stopped = stop.cancelled();
@@ -372,21 +370,15 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
             );
             return Ok(false);
         }
-        let covered = position.covered(asked, &before, drained);
+        let proved = position.covered(asked, &before);
         self.inner.tracker.emit(SourceEvent::Confirmed {
             stream: name,
             generation,
             drained,
-            covered,
+            covered: proved.covered,
         });
         if self.inner.settings.partitioned.is_some() {
-            self.judge_sources(
-                &before,
-                asked,
-                drained,
-                position.through,
-                &mut watched.proofs,
-            );
+            self.judge_sources(&before, drained, &proved.caught_up);
         }
         Ok(drained)
     }

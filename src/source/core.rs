@@ -311,8 +311,10 @@ fn is_gap(event: &Event) -> bool {
 /// watcher's queue has no room for is itself a possible loss: it might have been one.
 ///
 /// On Core NATS a possible loss is a gap (a disconnect also uncovers until the next confirmation). On JetStream it is
-/// not: every consumer resumes from the last message it applied, its resume decides whether it was a gap, and until
-/// it has caught up complete views are not served from memory ([`crate::coverage::CatchUp`]).
+/// not: every consumer resumes from the last message it applied, its resume decides whether it was a gap, and its
+/// stream is behind until it has caught up ([`crate::catch_up::CatchUp`]; answers from memory stop once its checks
+/// prove nothing for the window, [`crate::freshness::Freshness::serves`]); with the Core witness on, the witness's
+/// own losses are gaps.
 pub fn on_connection_event(
     coverage: &Coverage,
     source: Source,

@@ -122,11 +122,9 @@ impl GapCause {
 /// again well within it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
-    /// How often the class streams are listed (and, partitioned, read).
+    /// How often the class streams are listed. Consumed streams are checked (and partitioned workers read the
+    /// class streams) as often as the serving rule needs its parts proved ([`Freshness::prove_every`]).
     pub interval: Duration,
-    /// How often each consumed stream is checked (and Core NATS probed): a quarter of the silence bound, so that a
-    /// check's reading applied through by the next check still proves an instant within the bound.
-    pub check: Duration,
     /// How long one JetStream request may take before the consumer is resumed.
     pub request_timeout: Duration,
     /// The window of the serving rule: the bound, at least a second.
@@ -139,7 +137,6 @@ impl Timing {
         let silence = lag.max(Duration::from_secs(1));
         Self {
             interval: silence / 2,
-            check: silence / 4,
             request_timeout: silence / 2,
             silence,
         }
@@ -375,7 +372,7 @@ impl Tracker {
         self.freshness.forget(&Part::Upstream(stream.to_owned()));
     }
 
-    /// The covered-through instant and the serving rule.
+    /// The covered-through instant and the serving rule (how often its parts must be proved).
     pub fn freshness(&self) -> &Freshness {
         &self.freshness
     }

@@ -6,7 +6,7 @@
 //! consumer loop, on `<prefix>.<k>.>`, is the class streams' (`consumer.rs`), so every retention case of the
 //! partitioned stream itself is judged there.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::stream::{Config, Source};
@@ -22,11 +22,6 @@ use crate::partition::{Partitioning, StreamSettings};
 
 /// The header nats-server puts on a message a source copied: its class stream and origin sequence.
 const SOURCE_HEADER: &str = "Nats-Stream-Source";
-
-/// Partitioned checks of the partitioned stream whose proofs wait for the consumer to apply through them: per
-/// check, the last sequence its first reading found, and the class streams whose sources had nothing left to copy
-/// then, each with the earliest moment nats-server last heard from it.
-pub(super) type SourceProofs = VecDeque<(u64, Vec<(String, Stamp)>)>;
 
 /// A source of the partitioned stream not heard from for this long is stalled: the worker is behind until it is
 /// active again with nothing left to copy (nats-server hears from a healthy source every second or so, idle or
@@ -64,20 +59,17 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         let mut classes: HashMap<String, Identity> = HashMap::new();
         let mut sourced: HashSet<String> = HashSet::new();
         let mut warned_unbound = false;
-        // Per class stream, the generation of its upstream lane (cleared by the first round that reads it).
-        let mut upstream: HashMap<String, u64> = HashMap::new();
-        let mut watched: HashMap<String, Refusals> = HashMap::new();
+        // Per class stream seen upstream, whether it refuses display events.
+        let mut upstream: HashMap<String, Refusals> = HashMap::new();
         // As often as the consumer's checks: each round's readings of the class streams prove their parts of the
         // covered-through instant.
-        let mut rounds = Self::rounds(self.inner.tracker.timing().check);
+        let mut rounds = Self::rounds(self.inner.tracker.freshness().prove_every());
         loop {
             if Self::next_round(&mut rounds, &stop).await {
                 return Ok(());
             }
             if let Some(names) = self.list_streams().await {
-                let seen = self
-                    .identities(&names, &classes, &mut upstream, &mut watched)
-                    .await;
+                let seen = self.identities(&names, &classes, &mut upstream).await;
                 match self
                     .bind(&partitioning, &stream, &names, started, &seen)
                     .await
@@ -127,8 +119,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         &self,
         names: &[String],
         last: &HashMap<String, Identity>,
-        upstream: &mut HashMap<String, u64>,
-        watched: &mut HashMap<String, Refusals>,
+        upstream: &mut HashMap<String, Refusals>,
     ) -> HashMap<String, Identity> {
         let tracker = &self.inner.tracker;
         let timeout = tracker.timing().request_timeout;
@@ -136,9 +127,11 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         let mut seen = HashMap::new();
         for name in names {
             let lane = Lane::Unconfirmed(name.clone());
-            upstream.entry(name.clone()).or_insert_with(|| {
+            let refusals = upstream.entry(name.clone()).or_insert_with(|| {
+                // First seen: behind until a round reads it with a quorum.
                 tracker.track_upstream(name);
-                tracker.resuming(&lane)
+                tracker.resuming(&lane);
+                Refusals::default()
             });
             let copied_before = lock(&self.inner.upstream)
                 .entry(name.clone())
@@ -176,11 +169,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                     } else {
                         tracing::debug!(class_stream = %name, "a class stream's leader has not heard from a quorum of its replicas");
                     }
-                    self.judge_class_refusal(
-                        name,
-                        &state,
-                        watched.entry(name.clone()).or_default(),
-                    );
+                    self.judge_class_refusal(name, &state, refusals);
                     seen.insert(
                         name.clone(),
                         Identity {
@@ -197,13 +186,13 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 }
             }
         }
-        upstream.retain(|name, _| {
+        upstream.retain(|name, refusals| {
             let listed = names.contains(name);
             if !listed {
                 tracker.emit(SourceEvent::Cleared(&Lane::Unconfirmed(name.clone())));
                 tracker.forget_upstream(name);
                 lock(&self.inner.upstream).remove(name);
-                if let Some(Refusals { now: Some(was), .. }) = watched.remove(name) {
+                if let Some(was) = refusals.now {
                     tracker.emit(SourceEvent::Refusing {
                         stream: name,
                         now: None,
@@ -301,19 +290,16 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         }
     }
 
-    /// The partitioned stream's sources, as a check's first reading `before` (asked at `asked`) found them: one not
-    /// heard from for [`SOURCE_STALL`] keeps the worker behind until it is active again, has nothing left to copy and
-    /// the consumer has applied what it delivered (`drained`): the events it holds back reach the stream once it
-    /// recovers, but a view served meanwhile would lack them. One with nothing left to copy proves its class stream
-    /// passed as far as it held when nats-server last heard from the source ([`Upstream::caught_up_at`]), once the
-    /// consumer has applied through `before` (`proofs` waits for that; `through` is the read-through position).
+    /// The partitioned stream's sources, as a check's first reading `before` found them: one not heard from for
+    /// [`SOURCE_STALL`] keeps the worker behind until it is active again, has nothing left to copy and the consumer
+    /// has applied what it delivered (`drained`): the events it holds back reach the stream once it recovers, but a
+    /// view served meanwhile would lack them. `caught_up`: the sources a check has proved passed their class streams
+    /// as far as those held when nats-server last heard from them ([`super::rule::Proved::caught_up`]).
     pub(super) fn judge_sources(
         &self,
         before: &StreamState,
-        asked: Stamp,
         drained: bool,
-        through: u64,
-        proofs: &mut SourceProofs,
+        caught_up: &[(String, Stamp)],
     ) {
         let tracker = &self.inner.tracker;
         for source in &before.sources {
@@ -328,27 +314,11 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 tracker.emit(SourceEvent::Cleared(&lane));
             }
         }
-        let caught_up: Vec<(String, Stamp)> = before
-            .sources
-            .iter()
-            .filter(|source| source.lag == 0)
-            .filter_map(|source| Some((source.name.clone(), asked.minus(source.active?))))
-            .collect();
-        if proofs.len() == 256 {
-            proofs.pop_front();
-        }
-        proofs.push_back((before.last_seq, caught_up));
         let mut upstream = lock(&self.inner.upstream);
-        while let Some((_, sources)) = proofs
-            .front()
-            .filter(|(last, _)| drained || *last <= through)
-        {
-            for (name, contact) in sources {
-                if let Some(class) = upstream.get_mut(name) {
-                    class.caught_up_at(*contact);
-                }
+        for (name, contact) in caught_up {
+            if let Some(class) = upstream.get_mut(name) {
+                class.caught_up_at(*contact);
             }
-            proofs.pop_front();
         }
     }
 

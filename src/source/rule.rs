@@ -21,12 +21,25 @@ pub const MAX_LISTED_HOLES: u64 = 10_000;
 /// them (one a check: more than a consumer behind by a minute of checks needs).
 const MAX_MARKS: usize = 256;
 
-/// A check's first reading: when it was asked, and the stream's last sequence then. Once everything up to that
-/// sequence is applied, everything the stream stored before that moment is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A check's first reading: when it was asked, the stream's last sequence then, and (the partitioned stream) the
+/// sources that had nothing left to copy, each with the earliest moment nats-server last heard from it. Once
+/// everything up to that sequence is applied, everything the stream stored before that moment is, and so is what
+/// those sources had copied by then.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Mark {
     asked: Stamp,
     last_seq: u64,
+    caught_up: Vec<(String, Stamp)>,
+}
+
+/// What a check proves ([`Position::covered`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Proved {
+    /// Every message the stream stored before this moment is applied, or its loss was judged a gap.
+    pub covered: Option<Stamp>,
+    /// Partitioned: sources with nothing left to copy when last heard from, no earlier than each moment, whose
+    /// copies up to then are applied ([`super::upstream::Upstream::caught_up_at`]).
+    pub caught_up: Vec<(String, Stamp)>,
 }
 
 /// What the worker has read of one stream.
@@ -181,29 +194,31 @@ impl Position {
     }
 
     /// What a confirmed check ([`Position::confirm`]) proves applied, asked at `asked` (the worker's clock) with
-    /// its first reading `before`: every message the stream stored before the returned moment is applied, or its
-    /// loss was judged a gap. Drained, the moment it asked; otherwise the latest earlier check whose reading's last
-    /// sequence the read-through position has reached (this check's own included): everything stored before that
-    /// check asked has a sequence up to its reading's last. `None`: nothing new proved. No server timestamp is
-    /// compared with the worker's clock.
-    pub fn covered(&mut self, asked: Stamp, before: &StreamState, drained: bool) -> Option<Stamp> {
-        if drained {
-            self.marks.clear();
-            return Some(asked);
-        }
+    /// its first reading `before`: the moment of the latest check, this one included, whose reading's last sequence
+    /// the read-through position has reached (everything stored before that check asked has a sequence up to its
+    /// reading's last; a drained check has raised the position to its own). No server timestamp is compared with
+    /// the worker's clock.
+    pub fn covered(&mut self, asked: Stamp, before: &StreamState) -> Proved {
         if self.marks.len() == MAX_MARKS {
             self.marks.pop_front();
         }
         self.marks.push_back(Mark {
             asked,
             last_seq: before.last_seq,
+            caught_up: before
+                .sources
+                .iter()
+                .filter(|source| source.lag == 0)
+                .filter_map(|source| Some((source.name.clone(), asked.minus(source.active?))))
+                .collect(),
         });
-        let mut covered = None;
+        let mut proved = Proved::default();
         while let Some(mark) = self.marks.front().filter(|m| m.last_seq <= self.through) {
-            covered = covered.max(Some(mark.asked));
+            proved.covered = proved.covered.max(Some(mark.asked));
+            proved.caught_up.extend(mark.caught_up.iter().cloned());
             self.marks.pop_front();
         }
-        covered
+        proved
     }
 }
 
@@ -436,7 +451,7 @@ mod tests {
         let t1 = clock.now();
         assert!(!position.confirm(&state(1, 20), &behind, 10));
         assert_eq!(
-            position.covered(t1, &state(1, 20), false),
+            position.covered(t1, &state(1, 20)).covered,
             None,
             "pending: nothing proved"
         );
@@ -445,7 +460,7 @@ mod tests {
         let t2 = clock.now();
         position.applied = Some(25);
         assert!(!position.confirm(&state(1, 30), &behind, 20));
-        assert_eq!(position.covered(t2, &state(1, 30), false), Some(t1));
+        assert_eq!(position.covered(t2, &state(1, 30)).covered, Some(t1));
         // Check 3: drained: everything stored before it asked.
         tokio::time::advance(Duration::from_millis(500)).await;
         let t3 = clock.now();
@@ -455,7 +470,7 @@ mod tests {
             delivered: 25,
         };
         assert!(position.confirm(&state(1, 30), &drained, 25));
-        assert_eq!(position.covered(t3, &state(1, 30), true), Some(t3));
+        assert_eq!(position.covered(t3, &state(1, 30)).covered, Some(t3));
     }
 
     fn configured(change: impl FnOnce(&mut StreamState)) -> StreamState {

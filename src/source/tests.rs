@@ -995,7 +995,7 @@ async fn the_covered_instant_is_what_the_serving_rule_judges() {
         h.pass(Duration::from_millis(300)).await;
         let covered = h.freshness.covered_stamp().unwrap();
         let age = h.coverage.now().nanos() - covered.nanos();
-        assert!(age <= Timing::for_lag(LAG).check.as_nanos() as u64 + 1_000_000);
+        assert!(age <= h.freshness.prove_every().as_nanos() as u64 + 1_000_000);
         assert!(h.caught_up());
     }
 }
