@@ -57,6 +57,8 @@ mod demo;
 mod links;
 // The JetStream source: conformance, a cut link and a NATS restart (no gap), a recreated stream (a gap), replay.
 mod jetstream;
+// The JetStream source under load: a large replay, again and again, without a resume or a pause.
+mod jetstream_ingest;
 // mongodb+srv:// URIs: started before the name resolves, ready once it does (a DNS responder of its own).
 mod srv;
 // Partitioned workers on a JetStream subject transform.

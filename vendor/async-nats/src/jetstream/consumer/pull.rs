@@ -22,7 +22,7 @@ use crate::datetime::{rfc3339, DateTime};
 
 #[cfg(feature = "server_2_10")]
 use std::collections::HashMap;
-use std::{future, pin::Pin, task::Poll, time::Duration};
+use std::{future, mem, pin::Pin, task::Poll, time::Duration};
 use tokio::{task::JoinHandle, time::Sleep};
 
 use serde::{Deserialize, Serialize};
@@ -850,7 +850,7 @@ impl futures_util::Stream for Ordered {
             self.stream = None;
             self.serial += 1;
             let name = format!("{}_{}", self.name_prefix, self.serial);
-            let consumer_name = std::mem::replace(&mut self.consumer_name, name.clone());
+            let consumer_name = mem::replace(&mut self.consumer_name, name.clone());
             self.create_stream = Some(Box::pin({
                 let context = self.context.clone();
                 let config = OrderedConfig {
@@ -901,6 +901,13 @@ impl futures_util::Stream for Ordered {
 pub struct Stream {
     pending_messages: usize,
     pending_bytes: usize,
+    /// Messages (and bytes) that arrived while `pending_messages` (`pending_bytes`) was already zero: the reply to a
+    /// pull request whose result the background task has not reported yet. They are taken off that request's batch
+    /// when its result arrives; counted instead of dropped by a saturating subtraction, which left the stream
+    /// believing a spent request still pending, so that it sent no new one and stalled until the missed heartbeats
+    /// ended it.
+    unaccounted_messages: usize,
+    unaccounted_bytes: usize,
     request_result_rx: tokio::sync::mpsc::Receiver<Result<bool, super::RequestError>>,
     request_tx: tokio::sync::watch::Sender<()>,
     subscriber: Subscriber,
@@ -1040,6 +1047,8 @@ impl Stream {
             batch_config,
             pending_messages: 0,
             pending_bytes: 0,
+            unaccounted_messages: 0,
+            unaccounted_bytes: 0,
             subscriber: subscription,
             context: consumer.context.clone(),
             pending_request: false,
@@ -1187,6 +1196,13 @@ impl futures_util::Stream for Stream {
                                 self.pending_messages += self.batch_config.batch;
                                 self.pending_bytes += self.batch_config.max_bytes;
                             }
+                            // What this request's reply delivered before its result came.
+                            self.pending_messages = self
+                                .pending_messages
+                                .saturating_sub(mem::take(&mut self.unaccounted_messages));
+                            self.pending_bytes = self
+                                .pending_bytes
+                                .saturating_sub(mem::take(&mut self.unaccounted_bytes));
                             self.pending_request = false;
                             continue;
                         }
@@ -1303,9 +1319,17 @@ impl futures_util::Stream for Stream {
                                         true
                                     });
                                 }
-                                self.pending_messages = self.pending_messages.saturating_sub(1);
-                                self.pending_bytes =
-                                    self.pending_bytes.saturating_sub(message.length);
+                                match self.pending_messages.checked_sub(1) {
+                                    Some(pending) => self.pending_messages = pending,
+                                    None => self.unaccounted_messages += 1,
+                                }
+                                match self.pending_bytes.checked_sub(message.length) {
+                                    Some(pending) => self.pending_bytes = pending,
+                                    None => {
+                                        self.unaccounted_bytes +=
+                                            message.length - mem::take(&mut self.pending_bytes);
+                                    }
+                                }
                                 return Poll::Ready(Some(Ok(jetstream::Message {
                                     context: self.context.clone(),
                                     message,
