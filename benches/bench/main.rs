@@ -6,8 +6,8 @@
 //! by environment:
 //!
 //! - `BENCH_WORKER_BIN`: the worker binary (default `target/release/chat-history-view`).
-//! - `BENCH_EVENTS_P1` (default 200000) and `BENCH_EVENTS_P5` (default 1000000): events streamed in P1 (and in P9d
-//!   and P12, which publish P1's messages) and P5.
+//! - `BENCH_EVENTS_P1` (default 200000) and `BENCH_EVENTS_P5` (default 1000000): events streamed in P1 (and in P1j,
+//!   P9d and P12, which publish P1's messages) and P5.
 //! - `BENCH_ROUNDS_P1` (default 6): P1's rounds.
 //! - `BENCH_P1=tracing-off` (or `tracing-on`): only this side of P1's paired runs (the worker with tracing off, or
 //!   on with the default sampler), to repeat one.
@@ -27,6 +27,7 @@ mod p11_feed;
 mod p12_witness;
 mod p13_warm_restart;
 mod p1_ingest;
+mod p1j_jetstream;
 mod p2_cache_reads;
 mod p2_ceiling;
 mod p3_p4_store;
@@ -59,6 +60,11 @@ fn main() {
         p1_ingest::bare_subscriber_process(&spec);
         return;
     }
+    // P1j runs it as its bare JetStream consumer.
+    if let Ok(spec) = std::env::var(p1j_jetstream::BARE_CONSUMER_ENV) {
+        p1j_jetstream::bare_consumer_process(&spec);
+        return;
+    }
     // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it,
     // and there it only proves that the benchmark compiles.
     if !std::env::args().any(|arg| arg == "--bench") {
@@ -83,6 +89,7 @@ fn main() {
 async fn run_all(setup: Arc<Setup>) -> Vec<Row> {
     let mut rows = Vec::new();
     rows.extend(measure(&setup, "P1", p1_ingest::run).await);
+    rows.extend(measure(&setup, "P1j", p1j_jetstream::run).await);
     rows.extend(measure(&setup, "P2", p2_cache_reads::run).await);
     rows.extend(measure(&setup, "P3", p3_p4_store::run_p3).await);
     rows.extend(measure(&setup, "P4", p3_p4_store::run_p4).await);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 
-use crate::report::{Row, fmt_count, progress};
+use crate::report::{self, Row, fmt_count, progress};
 use crate::setup::Setup;
 
 const ROUNDS: usize = 6;
@@ -26,11 +26,11 @@ struct Round {
 
 impl Round {
     fn cpu_per_event(&self) -> f64 {
-        self.cpu.as_secs_f64() * 1e6 / self.received.max(1) as f64
+        report::cpu_per_event(self.cpu, self.received)
     }
 
     fn rate(&self) -> f64 {
-        self.received as f64 / self.elapsed.as_secs_f64().max(1e-9)
+        report::rate(self.received, self.elapsed)
     }
 }
 

@@ -30,7 +30,7 @@ use futures_util::StreamExt;
 
 use crate::data::{self, Message};
 use crate::otlp_sink::{Exported, OtlpSink};
-use crate::report::{Row, fmt_count, progress};
+use crate::report::{self, Row, fmt_count, progress};
 use crate::setup::Setup;
 
 const THREADS: usize = 1000;
@@ -111,7 +111,7 @@ struct Ingested {
 
 impl Ingested {
     fn rate(&self) -> f64 {
-        self.received as f64 / self.elapsed.as_secs_f64().max(1e-9)
+        report::rate(self.received, self.elapsed)
     }
 }
 
@@ -227,7 +227,7 @@ impl Round {
 }
 
 /// The median of `values` (the upper one of an even count); 0 when empty.
-fn median(mut values: Vec<f64>) -> f64 {
+pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
@@ -713,15 +713,15 @@ async fn worker_ingest(
 
 /// The worker's per-event CPU work without NATS or the cache, in µs per event, step by step: subject → key,
 /// payload → event, insert into the thread's view. Each step is the difference of two cumulative passes, best of
-/// three.
-struct PathCost {
-    parse: f64,
-    decode: f64,
-    insert: f64,
+/// three. P1j takes it as the worker's own work per event too.
+pub struct PathCost {
+    pub parse: f64,
+    pub decode: f64,
+    pub insert: f64,
 }
 
 impl PathCost {
-    fn measure(messages: &[Message]) -> Self {
+    pub fn measure(messages: &[Message]) -> Self {
         let parse = best_of_three(messages, parse_pass);
         let decode = best_of_three(messages, decode_pass);
         let insert = best_of_three(messages, insert_pass);
@@ -732,7 +732,7 @@ impl PathCost {
         }
     }
 
-    fn total(&self) -> f64 {
+    pub fn total(&self) -> f64 {
         self.parse + self.decode + self.insert
     }
 }

@@ -205,3 +205,13 @@ pub fn fmt_count(n: f64) -> String {
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
+
+/// CPU time per event, in µs.
+pub fn cpu_per_event(cpu: Duration, events: u64) -> f64 {
+    cpu.as_secs_f64() * 1e6 / events.max(1) as f64
+}
+
+/// Events per second.
+pub fn rate(events: u64, elapsed: Duration) -> f64 {
+    events as f64 / elapsed.as_secs_f64().max(1e-9)
+}
