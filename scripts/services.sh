@@ -18,7 +18,9 @@
 #            the OpenTelemetry Python SDK, opentelemetry-api==1.45.2 with
 #            opentelemetry-sdk==1.45.2, and nats-py==2.16.0 (the tracing tests'
 #            publisher, which publishes as aihub does, trace context in the headers:
-#            tests/tracing/publish.py), pinned with their dependencies.
+#            tests/tracing/publish.py), pinned with their dependencies, and
+#            urllib3==2.8.0 (with httpx and Node's fetch, the pooled clients of the
+#            rolling-restart test: tests/clients/pooled.py).
 #            It also installs Prometheus and promtool (for scripts/check-alerts.sh
 #            and the tests that scrape real workers) from Debian's `prometheus`
 #            package, pinned to 2.42.0+ds-5+b6, without installing it system-wide
@@ -96,6 +98,8 @@ NKEYS_VERSION="0.2.1"
 OTEL_API_VERSION="1.45.2"
 OTEL_SDK_VERSION="1.45.2"
 NATS_PY_VERSION="2.16.0"
+# urllib3, a pooled HTTP client of its own (requests' transport), for the rolling-restart test (tests/clients/pooled.py).
+URLLIB3_VERSION="2.8.0"
 # Debian's package (bookworm), not PyPI: no wheel carries Prometheus. Its two
 # binaries are static Go programs, so the extracted files run as they are.
 PROMETHEUS_DEB_VERSION="2.42.0+ds-5+b6"
@@ -194,11 +198,11 @@ EOF
 clients_ok() {
     venv_usable || return 1
     "$PY" - "$OPENAI_VERSION" "$HTTPX_SSE_VERSION" "$NATS_JWT_VERSION" "$NKEYS_VERSION" \
-        "$OTEL_API_VERSION" "$OTEL_SDK_VERSION" "$NATS_PY_VERSION" 2>/dev/null <<'EOF'
+        "$OTEL_API_VERSION" "$OTEL_SDK_VERSION" "$NATS_PY_VERSION" "$URLLIB3_VERSION" 2>/dev/null <<'EOF'
 import sys
 from importlib.metadata import version
-names = ("openai", "httpx-sse", "nats-jwt", "nkeys", "opentelemetry-api", "opentelemetry-sdk", "nats-py")
-ok = tuple(version(name) for name in names) == tuple(sys.argv[1:8])
+names = ("openai", "httpx-sse", "nats-jwt", "nkeys", "opentelemetry-api", "opentelemetry-sdk", "nats-py", "urllib3")
+ok = tuple(version(name) for name in names) == tuple(sys.argv[1:9])
 sys.exit(0 if ok else 1)
 EOF
 }
@@ -338,13 +342,13 @@ ensure_installed() {
         fi
         [ "$what" = servers ] && exit 0
         if ! clients_ok; then
-            log "installing openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION nats-jwt==$NATS_JWT_VERSION nkeys==$NKEYS_VERSION opentelemetry-api==$OTEL_API_VERSION opentelemetry-sdk==$OTEL_SDK_VERSION nats-py==$NATS_PY_VERSION into .tools/venv"
+            log "installing openai==$OPENAI_VERSION httpx-sse==$HTTPX_SSE_VERSION nats-jwt==$NATS_JWT_VERSION nkeys==$NKEYS_VERSION opentelemetry-api==$OTEL_API_VERSION opentelemetry-sdk==$OTEL_SDK_VERSION nats-py==$NATS_PY_VERSION urllib3==$URLLIB3_VERSION into .tools/venv"
             "$PY" -m pip install --disable-pip-version-check --no-input --quiet \
                 -c "$TOOLS/services-constraints.txt" \
                 "openai==$OPENAI_VERSION" "httpx-sse==$HTTPX_SSE_VERSION" \
                 "nats-jwt==$NATS_JWT_VERSION" "nkeys==$NKEYS_VERSION" \
                 "opentelemetry-api==$OTEL_API_VERSION" "opentelemetry-sdk==$OTEL_SDK_VERSION" \
-                "nats-py==$NATS_PY_VERSION" >&2 ||
+                "nats-py==$NATS_PY_VERSION" "urllib3==$URLLIB3_VERSION" >&2 ||
                 die "pip install of the tests' clients failed"
             clients_ok || die "installed clients do not match the pinned versions"
         fi

@@ -87,6 +87,11 @@ impl Readiness {
         self.inner.stopping.store(true, Ordering::Release);
     }
 
+    /// Whether the worker is shutting down (the shutdown delay, then the drain).
+    pub fn stopping(&self) -> bool {
+        self.inner.stopping.load(Ordering::Acquire)
+    }
+
     /// The warm-up starts: not ready until [`Readiness::set_warmed`].
     pub fn set_warming(&self) {
         self.inner.warming.store(true, Ordering::Release);

@@ -119,7 +119,7 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), count_errors))
         .layer(middleware::from_fn(trace::trace_request));
-    operations(api).with_state(state)
+    closing(operations(api), state)
 }
 
 /// What a connection beyond the cap may reach: the probes, `/metrics` and the OpenAPI document; anything else
@@ -128,15 +128,40 @@ pub fn reserve_router(state: AppState) -> Router {
     let refused = Router::new()
         .fallback(overloaded)
         .layer(middleware::from_fn_with_state(state.clone(), count_errors));
-    operations(refused).with_state(state)
+    closing(operations(refused), state)
 }
 
 /// What the probes' own listener (`HISTORY_VIEW_PROBE_LISTEN`) serves: the probes, `/metrics` and the OpenAPI
 /// document; anything else is not found there.
 pub fn probe_router(state: AppState) -> Router {
-    operations(Router::new())
-        .fallback(not_found)
+    closing(operations(Router::new()).fallback(not_found), state)
+}
+
+/// Every answer given while the worker is stopping says `Connection: close` (hyper then closes the connection after
+/// it): a pooled client opens its next connection anew, to another worker once the orchestrator has removed this
+/// one, instead of finding its idle connection closed under it at the drain ([design 3.4](../../docs/design.md#3.4)).
+fn closing(router: Router<AppState>, state: AppState) -> Router {
+    router
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            close_when_stopping,
+        ))
         .with_state(state)
+}
+
+async fn close_when_stopping(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut response = next.run(request).await;
+    if state.readiness.stopping() {
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 fn operations(router: Router<AppState>) -> Router<AppState> {

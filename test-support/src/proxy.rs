@@ -97,3 +97,43 @@ async fn swallow(mut client: TcpStream, mut link: watch::Receiver<Link>) {
         }
     }
 }
+
+/// A TCP balancer in front of workers, as a Service's endpoints are to clients: each new connection goes to the
+/// worker routed to when it is accepted ([`Balancer::route_to`]), and an established one stays with its worker
+/// until either side closes it (as kube-proxy's connection tracking keeps established flows when an endpoint is
+/// removed).
+pub struct Balancer {
+    address: SocketAddr,
+    upstream: watch::Sender<SocketAddr>,
+}
+
+impl Balancer {
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("balancer bind");
+        let address = listener.local_addr().expect("balancer address");
+        let (upstream, routed) = watch::channel(upstream);
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let to = *routed.borrow();
+                tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Self { address, upstream }
+    }
+
+    /// The balancer's address as an HTTP base URL.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// New connections go to `upstream` from now on.
+    pub fn route_to(&self, upstream: SocketAddr) {
+        self.upstream.send_replace(upstream);
+    }
+}

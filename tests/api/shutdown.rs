@@ -199,3 +199,124 @@ async fn sigterm_makes_the_worker_unready_and_it_serves_on_through_the_delay_ref
         signalled.elapsed()
     );
 }
+
+/// A client process of `tests/clients/` reading through `url` at 50 requests/s per connection, started and
+/// answered once.
+struct PooledClients {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl PooledClients {
+    async fn start(program: &std::path::Path, script: &str, url: &str) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/clients")
+            .join(script);
+        let mut child = tokio::process::Command::new(program)
+            .arg(script)
+            .arg(url)
+            .arg("50")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the client process starts");
+        let lines = tokio::io::BufReader::new(child.stdout.take().expect("its stdout")).lines();
+        let mut clients = Self { child, lines };
+        assert_eq!(clients.line().await, "ready");
+        clients
+    }
+
+    async fn line(&mut self) -> String {
+        tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
+            .await
+            .expect("the client process answers")
+            .expect("its output")
+            .expect("a line")
+    }
+
+    /// Stops it; each client's `(name, answers, failures, first failure)`.
+    async fn stop(mut self, clients: usize) -> Vec<(String, u64, u64, String)> {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = self.child.stdin.take().expect("its stdin");
+        stdin.write_all(b"stop\n").await.expect("stop the clients");
+        drop(stdin);
+        let mut results = Vec::new();
+        for _ in 0..clients {
+            let line = self.line().await;
+            let fields: Vec<&str> = line.split(' ').collect();
+            let [name, answers, failures, first] = fields[..] else {
+                panic!("a client reported {line:?}");
+            };
+            results.push((
+                name.to_owned(),
+                answers.parse().unwrap(),
+                failures.parse().unwrap(),
+                first.to_owned(),
+            ));
+        }
+        results
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_clients_follow_a_rolling_restart_without_a_failed_request() {
+    const DELAY: Duration = Duration::from_secs(3);
+    let OneThread {
+        mongo,
+        nats,
+        database,
+    } = OneThread::start("rollout").await;
+    let env = [
+        ("HISTORY_VIEW_NATS_URL", nats.url()),
+        ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+        ("HISTORY_VIEW_MONGODB_DATABASE", database),
+        (
+            "HISTORY_VIEW_SHUTDOWN_DELAY_SECS",
+            DELAY.as_secs().to_string(),
+        ),
+        ("HISTORY_VIEW_SHUTDOWN_DRAIN_SECS", "2".into()),
+    ];
+    let mut old = BinaryApp::start(&env).await;
+    let new = BinaryApp::start(&env).await;
+    old.wait_ready().await;
+    new.wait_ready().await;
+    let address = |app: &BinaryApp| -> std::net::SocketAddr {
+        app.api
+            .address
+            .trim_start_matches("http://")
+            .parse()
+            .expect("a worker's address")
+    };
+    // The Service: every connection to the old worker until the orchestrator removes it from the endpoints.
+    let service = test_support::proxy::Balancer::start(address(&old)).await;
+    let url = format!("{}/v1/threads/t1/history", service.http_url());
+    let python = PooledClients::start(&test_support::servers::python(), "pooled.py", &url).await;
+    let node = PooledClients::start(std::path::Path::new("node"), "pooled.mjs", &url).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // A rollout: SIGTERM, and the endpoint removal reaching the Service a moment later; the clients' pooled
+    // connections stay with the old worker until they close.
+    old.terminate();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    service.route_to(address(&new));
+    assert!(
+        old.wait_exit(DELAY + Duration::from_secs(10))
+            .await
+            .is_some(),
+        "the old worker exits"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut results = python.stop(2).await;
+    results.extend(node.stop(1).await);
+    for (name, answers, failures, first) in &results {
+        assert_eq!(
+            *failures, 0,
+            "{name}: {failures} failed requests (the first: {first}), {answers} answered"
+        );
+        // 50/s for over 4.5 s on a loaded machine: most of them.
+        assert!(*answers >= 100, "{name}: only {answers} answers");
+    }
+}
