@@ -61,12 +61,13 @@ pub enum SamplerKind {
 #[deny(missing_docs)]
 pub struct TraceSettings {
     /// The OTLP/HTTP collector's base URL (spans go to its /v1/traces), http or https. Unset (or empty): tracing is
-    /// off, with no exporter and no span recorded.
+    /// off, with no exporter and no span recorded. Its value is never shown (it may carry `user:password@`).
     #[arg(
         id = "otel_exporter_otlp_endpoint",
         value_name = "URL",
         long = "otel-exporter-otlp-endpoint",
         env = "OTEL_EXPORTER_OTLP_ENDPOINT",
+        hide_env_values = true,
         value_parser = endpoint
     )]
     pub endpoint: Option<Endpoint>,
@@ -76,6 +77,7 @@ pub struct TraceSettings {
         value_name = "URL",
         long = "otel-exporter-otlp-traces-endpoint",
         env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        hide_env_values = true,
         value_parser = endpoint
     )]
     pub traces_endpoint: Option<Endpoint>,

@@ -276,8 +276,23 @@ async fn secrets_are_never_printed_in_help_errors_logs_or_metrics() {
         ("HISTORY_VIEW_NATS_URL", nats_url.clone()),
     ];
 
-    let (_, help, _) = run_to_end(&["--help"], &secrets);
+    // The OTLP endpoints may carry credentials too (`user:password@`): `--help` shows neither value.
+    let mut with_collector = secrets.clone();
+    for name in [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ] {
+        with_collector.push((
+            name,
+            format!("https://chv:{NATS_PASSWORD}@collector.example:4318"),
+        ));
+    }
+    let (_, help, _) = run_to_end(&["--help"], &with_collector);
     assert!(help.contains("HISTORY_VIEW_API_TOKEN"), "{help}");
+    assert!(
+        help.contains("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        "{help}"
+    );
     assert_no_secret("--help", &help);
 
     // Refused values are named, never echoed.
