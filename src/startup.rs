@@ -33,6 +33,9 @@ use crate::warm::{self, Handover};
 /// The OpenAPI description of the HTTP API, served as JSON at `/openapi.json`.
 pub const OPENAPI_YAML: &str = include_str!("../docs/openapi.yaml");
 
+/// How long the stop waits for the store's clients to shut down after the drain.
+const STORE_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A built, not yet running service.
 pub struct Application {
     config: Config,
@@ -266,7 +269,7 @@ impl Application {
             state
                 .readiness
                 .clone()
-                .ping_store_until(store, stop.clone()),
+                .ping_store_until(store.clone(), stop.clone()),
         );
         if let Some(handover) = handover {
             // Writes the hot set once more when `stop` is cancelled: within the drain.
@@ -401,6 +404,7 @@ impl Application {
         }
         // Flush nothing (the worker publishes nothing); just close the connection.
         drop(nats);
+        store.shut_down(STORE_SHUTDOWN).await;
         tracing::info!("stopped");
         outcome
     }

@@ -25,7 +25,9 @@ mod metrics;
 mod query;
 mod settings;
 
+use std::future::IntoFuture;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -239,6 +241,8 @@ struct Clients {
     fill_collection: Collection<RawDocumentBuf>,
     /// The same collection through the shadow checks' own client, when they are on.
     shadow_collection: Option<Collection<RawDocumentBuf>>,
+    /// The driver's clients themselves, shut down at the stop ([`Store::shut_down`]).
+    drivers: Vec<Client>,
 }
 
 impl Store {
@@ -293,6 +297,24 @@ impl Store {
         Ok(store)
     }
 
+    /// Shuts the driver's clients down (within `limit`), so that none of their background tasks is still running
+    /// when the runtime stops: left to the runtime's drop, a connection task could find its pool gone and panic
+    /// after the worker said it stopped. Nothing is waited for beyond `limit`.
+    pub async fn shut_down(&self, limit: Duration) {
+        let Some(clients) = self.inner.clients.get() else {
+            return;
+        };
+        let all = futures_util::future::join_all(
+            clients
+                .drivers
+                .iter()
+                .map(|driver| driver.clone().shutdown().immediate(true).into_future()),
+        );
+        if tokio::time::timeout(limit, all).await.is_err() {
+            tracing::debug!("the store's clients did not shut down in time");
+        }
+    }
+
     /// The driver's clients, made on first use: resolving a `mongodb+srv://` URI needs DNS, which may fail now
     /// and succeed later (every caller bounds this by its own timeout).
     async fn clients(&self) -> Result<&Clients, StoreError> {
@@ -318,8 +340,10 @@ impl Store {
                 let fill_client =
                     Client::with_options(fill_options.clone()).map_err(StoreError::Query)?;
                 // Shadow checks likewise: they must never delay a read or a hydration.
+                let mut drivers = vec![fill_client.clone()];
                 let shadow_collection = if inner.shadow {
                     let client = Client::with_options(fill_options).map_err(StoreError::Query)?;
+                    drivers.push(client.clone());
                     Some(
                         client
                             .database(&inner.database_name)
@@ -329,6 +353,7 @@ impl Store {
                     None
                 };
                 let client = Client::with_options(options).map_err(StoreError::Query)?;
+                drivers.push(client.clone());
                 let database = client.database(&inner.database_name);
                 Ok(Clients {
                     collection: database.collection(&inner.collection_name),
@@ -337,6 +362,7 @@ impl Store {
                         .collection(&inner.collection_name),
                     shadow_collection,
                     database,
+                    drivers,
                 })
             })
             .await

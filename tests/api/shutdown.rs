@@ -320,3 +320,45 @@ async fn pooled_clients_follow_a_rolling_restart_without_a_failed_request() {
         assert!(*answers >= 100, "{name}: only {answers} answers");
     }
 }
+
+/// Stops a worker that read the store (its driver's connection pools busy in the background) 100 times, four at a
+/// time: every one exits 0 and none panics on the way out (the driver's tasks once outlived the runtime's drop and
+/// panicked after the `stopped` line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_stops_exit_cleanly() {
+    const STOPS: usize = 100;
+    const AT_ONCE: usize = 4;
+    let OneThread {
+        mongo,
+        nats,
+        database,
+    } = OneThread::start("stops").await;
+    let env = [
+        ("HISTORY_VIEW_NATS_URL", nats.url()),
+        ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+        ("HISTORY_VIEW_MONGODB_DATABASE", database),
+        ("HISTORY_VIEW_SHUTDOWN_DELAY_SECS", "0".to_owned()),
+    ];
+    let one = |round: usize| {
+        let env = env.clone();
+        async move {
+            let mut app = BinaryApp::start(&env).await;
+            app.wait_ready().await;
+            let read = app.api.history("t1", "").await;
+            assert_eq!(read.status, 200, "stop {round}: {}", read.body);
+            app.terminate();
+            let status = app
+                .wait_exit(Duration::from_secs(20))
+                .await
+                .unwrap_or_else(|| panic!("stop {round}: the worker did not exit"));
+            let panics = app.log_lines("panicked");
+            assert!(
+                status.success() && panics.is_empty(),
+                "stop {round}: {status}, {panics:?}"
+            );
+        }
+    };
+    for batch in 0..STOPS / AT_ONCE {
+        futures_util::future::join_all((0..AT_ONCE).map(|i| one(batch * AT_ONCE + i))).await;
+    }
+}
