@@ -24,6 +24,7 @@ async fn main() -> ExitCode {
         }
     };
     telemetry::init(config.log.format, std::io::stdout, tracer);
+    config.trace.announce();
     let result = async {
         let application = Application::build(config).await?;
         application.run_until_stopped(shutdown::signal()).await

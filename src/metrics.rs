@@ -49,6 +49,9 @@ pub struct Metrics {
     pub http: Arc<HttpMetrics>,
     /// The warm-up of the hot set handed over at a restart.
     pub warm: Arc<WarmMetrics>,
+    /// Spans the trace exporter could not send ([`crate::telemetry::trace::spans_dropped`]), brought up to date at
+    /// each scrape.
+    spans_dropped: IntCounter,
     /// Where every set is registered; gathered for `/metrics`.
     registry: Registry,
     catalogue: Arc<Catalogue>,
@@ -80,6 +83,10 @@ impl Metrics {
         let store = Arc::new(StoreMetrics::register(&mut registrar));
         let http = Arc::new(HttpMetrics::register(&mut registrar));
         let warm = Arc::new(WarmMetrics::register(&mut registrar));
+        let spans_dropped = registrar.counter(
+            "history_view_trace_spans_dropped_total",
+            "Spans the trace exporter could not send to the collector (each failed export's batch), dropped.",
+        );
         registrar
             .gauge_vec(
                 "history_view_build_info",
@@ -115,6 +122,7 @@ impl Metrics {
             store,
             http,
             warm,
+            spans_dropped,
             registry,
             catalogue: Arc::new(Catalogue {
                 registered: described,
@@ -125,6 +133,9 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        let dropped = crate::telemetry::trace::spans_dropped();
+        self.spans_dropped
+            .inc_by(dropped.saturating_sub(self.spans_dropped.get()));
         let mut buffer = Vec::new();
         // Encoding into a Vec cannot fail for the text format.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
@@ -330,7 +341,7 @@ mod tests {
     /// order is not pinned (the exposition sorts by name).
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 51] = [
+        let pinned: [(&str, &[&str]); 52] = [
             ("history_view_build_info", &["version"]),
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
@@ -382,6 +393,7 @@ mod tests {
             ("history_view_feed_resumes_total", &["outcome"]),
             ("history_view_feed_coalesced_changes_total", &[]),
             ("history_view_warm_threads", &["state"]),
+            ("history_view_trace_spans_dropped_total", &[]),
         ];
         let metrics = Metrics::new();
         let mut described: Vec<(&str, Vec<&str>)> = metrics

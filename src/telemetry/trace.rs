@@ -13,6 +13,7 @@
 //! everything.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
@@ -22,12 +23,15 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SamplingResult, SdkTracerProvider,
-    ShouldSample,
+    ShouldSample, SpanData, SpanExporter,
 };
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::RateLimit;
 
 /// The name of an ingested event's span (messaging semantic conventions: the operation, `process`).
 pub const INGEST_SPAN: &str = "process";
@@ -202,6 +206,20 @@ impl TraceSettings {
         Some(format!("{}/v1/traces", base.as_str().trim_end_matches('/')))
     }
 
+    /// Says at start whether tracing is on, where its spans go (without credentials) and how they are sampled:
+    /// one INFO line, once logging is set up.
+    pub fn announce(&self) {
+        match self.traces_url().and_then(|url| url::Url::parse(&url).ok()) {
+            Some(url) => tracing::info!(
+                endpoint = %shown(&url),
+                sampler = ?self.sampler(),
+                "tracing on: spans are exported over OTLP/HTTP"
+            ),
+            None if self.disabled => tracing::info!("tracing off: OTEL_SDK_DISABLED is true"),
+            None => tracing::info!("tracing off: no OTEL_EXPORTER_OTLP_ENDPOINT"),
+        }
+    }
+
     /// The configured sampler.
     pub fn sampler(&self) -> Sampler {
         let arg = self.sampler_arg.and_then(|r| r.0);
@@ -313,13 +331,41 @@ pub fn build(
         .enable_http1()
         .build();
     let client = opentelemetry_http::hyper::HyperClient::new(https, EXPORT_TIMEOUT, None);
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-        .with_endpoint(url)
-        .with_timeout(EXPORT_TIMEOUT)
-        .with_http_client(client)
-        .build()?;
+    // Credentials in the URL (`user:password@`) become a Basic authorization header, and the URL the exporter and
+    // its HTTP client see has none: their log lines (hyper's pool names the authority at TRACE) cannot show them.
+    let parsed = url::Url::parse(&url)?;
+    let mut headers = std::collections::HashMap::new();
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        let decode = |part: &str| {
+            percent_encoding::percent_decode_str(part)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let credentials = format!(
+            "{}:{}",
+            decode(parsed.username()),
+            decode(parsed.password().unwrap_or_default())
+        );
+        use base64::Engine as _;
+        headers.insert(
+            "authorization".to_owned(),
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(credentials)
+            ),
+        );
+    }
+    let exporter = Reporting {
+        exporter: opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(shown(&parsed).to_string())
+            .with_headers(headers)
+            .with_timeout(EXPORT_TIMEOUT)
+            .with_http_client(client)
+            .build()?,
+        warned: RateLimit::default(),
+    };
     let processor =
         opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
             exporter,
@@ -339,6 +385,59 @@ pub fn build(
         ids: RandomIdGenerator::default(),
     });
     Ok(Some((Tracer { provider }, tracer)))
+}
+
+/// The spans the exporter could not send so far (`history_view_trace_spans_dropped_total`).
+pub fn spans_dropped() -> u64 {
+    SPANS_DROPPED.load(Ordering::Relaxed)
+}
+
+static SPANS_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// `url` as logged: without its user and password.
+fn shown(url: &url::Url) -> url::Url {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    shown
+}
+
+/// The OTLP exporter, reporting what it could not send: the spans are counted ([`spans_dropped`]) and a WARN is
+/// logged at most once a second (its endpoint carries no credentials: [`build`] moved them to a header).
+#[derive(Debug)]
+struct Reporting<E> {
+    exporter: E,
+    warned: RateLimit,
+}
+
+impl<E: SpanExporter> SpanExporter for Reporting<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len() as u64;
+        let result = self.exporter.export(batch).await;
+        if let Err(error) = &result {
+            SPANS_DROPPED.fetch_add(spans, Ordering::Relaxed);
+            if self.warned.allow() {
+                tracing::warn!(
+                    %error,
+                    spans,
+                    "the trace exporter could not send spans to the collector; they are dropped"
+                );
+            }
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.exporter.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.exporter.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.exporter.set_resource(resource);
+    }
 }
 
 /// The SDK's resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, the SDK's own attributes) with the

@@ -126,6 +126,8 @@ struct Received {
     spans: Vec<Span>,
     /// Every request, as `METHOD /path -> status`.
     requests: Vec<String>,
+    /// The `Authorization` header of every export request that had one.
+    authorizations: Vec<String>,
 }
 
 type Shared = Arc<Mutex<Received>>;
@@ -205,6 +207,11 @@ impl OtlpReceiver {
         self.received().spans.clone()
     }
 
+    /// The `Authorization` headers of the export requests received so far.
+    pub fn authorizations(&self) -> Vec<String> {
+        self.received().authorizations.clone()
+    }
+
     /// Every request received so far (`METHOD /path -> status`), whatever its path or body.
     pub fn requests(&self) -> Vec<String> {
         self.received().requests.clone()
@@ -252,6 +259,16 @@ impl Drop for OtlpReceiver {
 
 /// `POST /v1/traces`: an `ExportTraceServiceRequest` in protobuf, its spans kept.
 async fn traces(State(received): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(authorization) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        received
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .authorizations
+            .push(authorization.to_owned());
+    }
     let note = |status: HttpStatus| {
         received
             .lock()

@@ -24,7 +24,7 @@ use test_support::rows;
 use test_support::servers::python;
 
 use crate::explain::explain;
-use crate::helpers::{Api, BinaryApp, Reply, chunk_row, encode, publish_rows, user_row};
+use crate::helpers::{Api, BinaryApp, Reply, chunk_row, encode, metric, publish_rows, user_row};
 use crate::scene::{Scene, read_until_cache};
 use test_support::process::port_prefix;
 
@@ -1268,5 +1268,93 @@ async fn without_an_endpoint_nothing_is_exported_and_nothing_names_a_trace() {
         fallback.requests(),
         Vec::<String>::new(),
         "nothing may reach 127.0.0.1:4318"
+    );
+}
+
+/// Tracing says what it does: one INFO line at start (on, where to without the endpoint's credentials, the
+/// sampler; or off), and, with the collector down, a WARN (at most one a second, never the password) and the
+/// spans it dropped counted in `history_view_trace_spans_dropped_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracing_announces_itself_and_reports_spans_it_cannot_send() {
+    const PASSWORD: &str = "otlp-secret-5c1f";
+    let scene = Scene::new().await;
+    // Nothing listens there: every export fails.
+    let collector = format!(
+        "http://chv:{PASSWORD}@127.0.0.1:{}",
+        test_support::process::free_port()
+    );
+    let app = scene
+        .worker(
+            scene.nats.url(),
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.as_str()),
+                ("OTEL_TRACES_SAMPLER", "always_on"),
+                ("HISTORY_VIEW_LOG_FORMAT", "json"),
+                EXPORT_EVERY,
+                ("RUST_LOG", "trace"),
+            ],
+        )
+        .await;
+    let announced = app.log_lines("tracing on");
+    assert_eq!(announced.len(), 1, "{announced:?}");
+    assert!(
+        announced[0].contains("127.0.0.1") && announced[0].contains("AlwaysOn"),
+        "{}",
+        announced[0]
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert_eq!(app.api.history("t-down", "").await.status, 200);
+        let dropped = metric(
+            &app.api.metrics().await,
+            "history_view_trace_spans_dropped_total",
+        );
+        if dropped > 0.0 && !app.log_lines("could not send spans").is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no failed export reported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let warnings = app.log_lines("could not send spans");
+    assert!(warnings[0].contains("\"WARN\""), "{}", warnings[0]);
+    let leaked = app.log_lines(PASSWORD);
+    assert!(
+        leaked.is_empty(),
+        "the endpoint's password was logged: {leaked:?}"
+    );
+
+    let off = scene.worker(scene.nats.url(), &[]).await;
+    assert_eq!(off.log_lines("tracing off").len(), 1);
+
+    // With a collector: the credentials reach it as Basic authorization, not in the URL.
+    let receiver = OtlpReceiver::start();
+    let endpoint = receiver
+        .endpoint()
+        .replace("http://", &format!("http://chv:{PASSWORD}@"));
+    let on = scene
+        .worker(
+            scene.nats.url(),
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+                ("OTEL_TRACES_SAMPLER", "always_on"),
+                EXPORT_EVERY,
+            ],
+        )
+        .await;
+    assert_eq!(on.api.history("t-up", "").await.status, 200);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while receiver.authorizations().is_empty() {
+        assert!(Instant::now() < deadline, "{:?}", receiver.requests());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    use base64::Engine as _;
+    let expected = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("chv:{PASSWORD}"))
+    );
+    assert!(
+        receiver.authorizations().iter().all(|a| *a == expected),
+        "{:?}",
+        receiver.authorizations()
     );
 }
