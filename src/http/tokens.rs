@@ -1,19 +1,25 @@
 //! The bearer tokens `/v1/*` accepts ([design 3.4](../../docs/design.md#3.4)): the one of `HISTORY_VIEW_API_TOKEN`,
 //! or every line of `HISTORY_VIEW_API_TOKEN_FILE`, which is read again every second so that tokens rotate without a
-//! restart. Each token is kept only as its SHA-256 digest, and a presented token is compared with every one of them
-//! in constant time.
+//! restart. Each token is kept only as its SHA-256 digest, and a presented token's digest is looked up among them
+//! (one probe: the digests already hide the tokens, so the lookup's timing shows nothing of a token). The file holds
+//! at most [`MAX_FILE_BYTES`] and [`MAX_TOKENS`]: beyond either it is refused (at start, the start fails; later, the
+//! last good set stays, with an ERROR). A file whose last line is not terminated may be one being written in place:
+//! it is taken only once it has read the same for [`UNTERMINATED_SETTLE`], so that a prefix of a new token is never
+//! accepted (a Secret made from a literal has no final newline: it still rotates, within the 5 s a rotation may
+//! take).
 //!
 //! Chosen: polling the file by its path rather than watching it. Kubernetes updates a mounted Secret by swapping a
 //! `..data` symlink to a new directory, never by writing the file, so a watch on the file sees nothing (and one on
 //! the directory depends on the volume type); reading a small file once a second by path follows the link, costs
 //! nothing measurable, and works alike for every way the file can be replaced.
 
-use std::path::PathBuf;
+use std::collections::HashSet;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use subtle::{Choice, ConstantTimeEq};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -23,13 +29,20 @@ use crate::setting::Secret;
 /// within the 5 s a rotation may take.
 pub const TOKEN_FILE_POLL: Duration = Duration::from_secs(1);
 
+/// The largest token file taken: far above any real set (10,000 tokens of 64 characters are 650 KB), small enough that
+/// reading it every second costs nothing.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+/// The most tokens a file may hold.
+pub const MAX_TOKENS: usize = 10_000;
+/// How long a content whose last line is unterminated must read the same before it is taken.
+pub const UNTERMINATED_SETTLE: Duration = Duration::from_secs(3);
+
 /// While the token file stays unreadable or unusable, its warning repeats at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
-/// One configured token, kept only as its SHA-256 digest: a presented token is hashed and the digests are compared
-/// in constant time, so the timing shows neither the token's bytes nor its length.
-/// (`PartialEq` compares configured tokens with each other, never with a presented one.)
-#[derive(Clone, PartialEq, Eq)]
+/// One configured token, kept only as its SHA-256 digest: a presented token is hashed and its digest looked up, so
+/// the timing shows neither the token's bytes nor its length.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct TokenDigest([u8; 32]);
 
 impl TokenDigest {
@@ -42,7 +55,7 @@ impl TokenDigest {
 #[derive(Clone)]
 pub struct ApiTokens {
     /// Replaced whole by the watcher; read by every request. A std lock: never held across an `.await`.
-    digests: Arc<RwLock<Vec<TokenDigest>>>,
+    digests: Arc<RwLock<HashSet<TokenDigest>>>,
 }
 
 impl ApiTokens {
@@ -52,19 +65,16 @@ impl ApiTokens {
         }
     }
 
-    /// Whether `presented` is one of the tokens. Every digest is compared, in constant time, whichever matches.
+    /// Whether `presented` is one of the tokens: its digest, looked up once, however many tokens there are.
     pub fn matches(&self, presented: &[u8]) -> bool {
-        let presented: [u8; 32] = Sha256::digest(presented).into();
+        let presented = TokenDigest(Sha256::digest(presented).into());
         let digests = self.digests.read().unwrap_or_else(PoisonError::into_inner);
-        let matched = digests.iter().fold(Choice::from(0), |matched, digest| {
-            matched | presented.ct_eq(&digest.0)
-        });
-        bool::from(matched)
+        digests.contains(&presented)
     }
 
     /// Makes `tokens` the accepted set; returns whether it differs from the set before.
     fn replace(&self, tokens: &[Secret]) -> bool {
-        let digests: Vec<TokenDigest> = tokens.iter().map(TokenDigest::new).collect();
+        let digests: HashSet<TokenDigest> = tokens.iter().map(TokenDigest::new).collect();
         let mut current = self.digests.write().unwrap_or_else(PoisonError::into_inner);
         let changed = *current != digests;
         *current = digests;
@@ -85,7 +95,7 @@ impl ApiTokens {
             let read = {
                 let path = path.clone();
                 // A read of a mounted file can block (a network volume): off the runtime's threads.
-                tokio::task::spawn_blocking(move || std::fs::read(path)).await
+                tokio::task::spawn_blocking(move || read_bounded(&path)).await
             };
             let read = read.unwrap_or_else(|join| Err(std::io::Error::other(join)));
             file.apply(read, Instant::now());
@@ -93,17 +103,38 @@ impl ApiTokens {
     }
 }
 
+/// The token file's bytes, at most [`MAX_FILE_BYTES`] + 1 of them (one more tells it is too large) whatever its
+/// size.
+///
+/// # Errors
+/// The file cannot be read.
+pub fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Why a token file's bytes are beyond its bounds, if they are.
+pub fn beyond_bounds(bytes: &[u8]) -> Option<String> {
+    (bytes.len() as u64 > MAX_FILE_BYTES).then(|| format!("is larger than {MAX_FILE_BYTES} bytes"))
+}
+
 /// The tokens of a token file's text: one a line; blank lines and whitespace around a token are ignored.
 ///
 /// # Errors
-/// No token at all, or a line that is no token (printable ASCII without whitespace); the message gives the line's
-/// number, never its text.
+/// No token at all, more than [`MAX_TOKENS`], or a line that is no token (printable ASCII without whitespace); the
+/// message gives the line's number, never its text.
 pub fn parse(text: &str) -> Result<Vec<Secret>, String> {
     let mut tokens = Vec::new();
     for (number, line) in text.lines().enumerate() {
         let token = line.trim();
         if token.is_empty() {
             continue;
+        }
+        if tokens.len() == MAX_TOKENS {
+            return Err(format!("holds more than {MAX_TOKENS} tokens"));
         }
         check(token).map_err(|reason| format!("line {}: {reason}", number + 1))?;
         tokens.push(Secret::new(token));
@@ -136,6 +167,9 @@ struct TokenFile {
     content: Option<[u8; 32]>,
     /// Why the file is unusable now, and when that was last logged; `None` while the file is fine.
     failing: Option<(String, Instant)>,
+    /// The SHA-256 of a content read with its last line unterminated, and when it was first read so: taken once it
+    /// has read the same for [`UNTERMINATED_SETTLE`].
+    unterminated: Option<([u8; 32], Instant)>,
 }
 
 impl TokenFile {
@@ -144,6 +178,7 @@ impl TokenFile {
             tokens,
             content: None,
             failing: None,
+            unterminated: None,
         }
     }
 
@@ -158,11 +193,29 @@ impl TokenFile {
                 if self.content == Some(digest) && self.failing.is_none() {
                     return;
                 }
+                if !bytes.is_empty() && !bytes.ends_with(b"\n") && beyond_bounds(&bytes).is_none() {
+                    // Its last line may be a token still being written in place: taken once it stays the same.
+                    match self.unterminated {
+                        Some((seen, since)) if seen == digest => {
+                            if now < since + UNTERMINATED_SETTLE {
+                                return;
+                            }
+                        }
+                        _ => {
+                            self.unterminated = Some((digest, now));
+                            return;
+                        }
+                    }
+                }
+                self.unterminated = None;
                 self.content = Some(digest);
-                match std::str::from_utf8(&bytes)
-                    .map_err(|_| "is not UTF-8 text".to_owned())
-                    .and_then(parse)
-                {
+                let parsed = match beyond_bounds(&bytes) {
+                    Some(reason) => Err(reason),
+                    None => std::str::from_utf8(&bytes)
+                        .map_err(|_| "is not UTF-8 text".to_owned())
+                        .and_then(parse),
+                };
+                match parsed {
                     Ok(tokens) => {
                         if self.tokens.replace(&tokens) || self.failing.is_some() {
                             tracing::info!(
@@ -182,10 +235,17 @@ impl TokenFile {
             None => true,
         };
         if repeat {
-            tracing::warn!(
-                reason = %reason,
-                "HISTORY_VIEW_API_TOKEN_FILE is unusable; keeping the tokens read last"
-            );
+            if reason.starts_with("is larger than") || reason.starts_with("holds more than") {
+                tracing::error!(
+                    reason = %reason,
+                    "HISTORY_VIEW_API_TOKEN_FILE is beyond its bounds; keeping the tokens read last"
+                );
+            } else {
+                tracing::warn!(
+                    reason = %reason,
+                    "HISTORY_VIEW_API_TOKEN_FILE is unusable; keeping the tokens read last"
+                );
+            }
             self.failing = Some((reason, now));
         }
     }
@@ -254,9 +314,57 @@ mod tests {
         );
 
         // Fixed: the file's tokens again, and no failure.
-        file.apply(Ok(b"newer".to_vec()), start);
+        file.apply(Ok(b"newer\n".to_vec()), start);
         assert!(!tokens.matches(b"new") && tokens.matches(b"newer"));
         assert!(file.failing.is_none());
+    }
+
+    #[test]
+    fn a_file_being_written_in_place_is_taken_only_once_its_last_line_is_done() {
+        let tokens = ApiTokens::new(&secrets(&["old"]));
+        let mut file = TokenFile::new(tokens.clone());
+        let start = Instant::now();
+        // A writer that truncates and writes: a read sees a prefix of the new token.
+        file.apply(Ok(b"old\nne".to_vec()), start);
+        assert!(!tokens.matches(b"ne") && tokens.matches(b"old"));
+        // The next read sees more of it: still changing, still not taken.
+        file.apply(Ok(b"old\nnewto".to_vec()), start + Duration::from_secs(2));
+        assert!(!tokens.matches(b"newto"));
+        // Terminated: taken at once.
+        file.apply(Ok(b"old\nnewtoken\n".to_vec()), start);
+        assert!(tokens.matches(b"newtoken") && !tokens.matches(b"newto"));
+        // A last line left unterminated for good (a Secret made from a literal) is taken once it stayed the same.
+        file.apply(Ok(b"rotated".to_vec()), start);
+        file.apply(Ok(b"rotated".to_vec()), start + Duration::from_secs(2));
+        assert!(!tokens.matches(b"rotated"));
+        file.apply(Ok(b"rotated".to_vec()), start + UNTERMINATED_SETTLE);
+        assert!(tokens.matches(b"rotated") && !tokens.matches(b"newtoken"));
+    }
+
+    #[test]
+    fn a_file_beyond_its_bounds_is_refused_and_the_last_good_set_kept() {
+        let tokens = ApiTokens::new(&secrets(&["kept"]));
+        let mut file = TokenFile::new(tokens.clone());
+        let start = Instant::now();
+        let many: String = (0..=MAX_TOKENS).map(|i| format!("t{i}\n")).collect();
+        file.apply(Ok(many.into_bytes()), start);
+        assert!(tokens.matches(b"kept") && !tokens.matches(b"t0"));
+        assert_eq!(
+            file.failing.as_ref().map(|(r, _)| r.as_str()),
+            Some("holds more than 10000 tokens")
+        );
+        let exactly: String = (0..MAX_TOKENS).map(|i| format!("t{i}\n")).collect();
+        file.apply(Ok(exactly.into_bytes()), start);
+        assert!(tokens.matches(b"t0") && tokens.matches(b"t9999") && file.failing.is_none());
+        let mut large = vec![b'x'; usize::try_from(MAX_FILE_BYTES).unwrap()];
+        large.extend_from_slice(b"\n");
+        file.apply(Ok(large), start);
+        assert!(tokens.matches(b"t0"));
+        assert!(
+            file.failing
+                .as_ref()
+                .is_some_and(|(r, _)| r.starts_with("is larger than"))
+        );
     }
 
     #[test]

@@ -149,3 +149,82 @@ async fn wait_log(app: &BinaryApp, needle: &str, count: usize) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The token file's bounds through the binary: a file of more than 10,000 tokens or more than 1 MiB stops the start
+/// naming the setting; one that grows beyond them later is refused with an ERROR while the last good tokens stay;
+/// and a file written in place (truncated, then written a piece at a time) never lets a prefix of a token in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_file_beyond_its_bounds_or_half_written_is_never_taken() {
+    const GOOD: &str = "tok-good-7d21c9";
+    const NEW: &str = "tok-new-written-in-place";
+    let OneThread {
+        mongo,
+        nats,
+        database,
+    } = OneThread::start("token-bounds").await;
+    let dir = temp_dir("token-bounds");
+    let file = dir.join("api-tokens");
+    let env = |file: &Path| {
+        vec![
+            ("HISTORY_VIEW_NATS_URL", nats.url()),
+            ("HISTORY_VIEW_MONGODB_URI", mongo.uri()),
+            ("HISTORY_VIEW_MONGODB_DATABASE", database.clone()),
+            (
+                "HISTORY_VIEW_API_TOKEN_FILE",
+                file.to_str().unwrap().to_owned(),
+            ),
+        ]
+    };
+    let many: String = (0..=10_000).map(|i| format!("tok-{i}\n")).collect();
+    let large = format!("{}\n", "x".repeat(1 << 20));
+    for (content, why) in [
+        (&many, "more than 10000 tokens"),
+        (&large, "is larger than"),
+    ] {
+        std::fs::write(&file, content).unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_chat-history-view"))
+            .envs(env(&file).iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .expect("run the binary");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success(),
+            "started with a token file that {why}"
+        );
+        assert!(
+            stderr.contains("HISTORY_VIEW_API_TOKEN_FILE") && stderr.contains(why),
+            "{stderr}"
+        );
+    }
+
+    std::fs::write(&file, format!("{GOOD}\n")).unwrap();
+    let app = BinaryApp::start(&env(&file)).await;
+    app.wait_ready().await;
+    assert_eq!(status_with(&app.api, GOOD).await, 200);
+    std::fs::write(&file, &many).unwrap();
+    wait_log(&app, "beyond its bounds", 1).await;
+    assert!(
+        app.log_lines("beyond its bounds")[0].contains("\"ERROR\"")
+            || app.log_lines("beyond its bounds")[0].contains("ERROR")
+    );
+    assert_eq!(status_with(&app.api, GOOD).await, 200);
+    assert_eq!(status_with(&app.api, "tok-0").await, 401);
+
+    // Written in place, a piece at a time, more slowly than the file is polled: no prefix is ever accepted.
+    let mut written = format!("{GOOD}\n");
+    for piece in NEW.as_bytes().chunks(6) {
+        written.push_str(std::str::from_utf8(piece).unwrap());
+        std::fs::write(&file, &written).unwrap();
+        tokio::time::sleep(Duration::from_millis(1_300)).await;
+        let prefix = written.lines().last().unwrap();
+        if prefix != NEW {
+            assert_eq!(
+                status_with(&app.api, prefix).await,
+                401,
+                "the prefix {prefix} was taken"
+            );
+        }
+    }
+    std::fs::write(&file, format!("{written}\n")).unwrap();
+    until_status(&app.api, NEW, 200, Instant::now()).await;
+}
