@@ -621,6 +621,21 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, AccessError> {
     })
 }
 
+/// Every kind [`failure_kind`] gives, as design 5 lists them (a test holds the two together).
+pub const FAILURE_KINDS: [&str; 11] = [
+    "authorization_violation",
+    "authentication",
+    "tls",
+    "io",
+    "timed_out",
+    "dns",
+    "server_parse",
+    "max_reconnects",
+    "client_error",
+    "disconnected",
+    "server_error",
+];
+
 /// The kind of a connection failure, for its log line and its rate limit: one of a closed set (the client's
 /// connect error kinds, and server errors); `None` for an event that is no failure.
 pub fn failure_kind(event: &Event) -> Option<&'static str> {
@@ -639,11 +654,16 @@ pub fn failure_kind(event: &Event) -> Option<&'static str> {
     ];
     match event {
         Event::Disconnected => Some("disconnected"),
-        // A failed connect attempt: the client sends its error's kind as text (its `Display`).
+        // A failed connect attempt: the client sends its error as text, its kind's `Display` and, after `: `, its
+        // cause (the vendored client's: vendor/async-nats/PATCH.md).
         Event::ClientError(ClientError::Other(text)) => Some(
             CONNECT_ERRORS
                 .iter()
-                .find(|(kind, _)| kind.to_string() == *text)
+                .find(|(kind, _)| {
+                    let kind = kind.to_string();
+                    text.strip_prefix(kind.as_str())
+                        .is_some_and(|rest| rest.is_empty() || rest.starts_with(": "))
+                })
                 .map_or("client_error", |(_, name)| name),
         ),
         Event::ClientError(ClientError::MaxReconnects) => Some("max_reconnects"),

@@ -197,6 +197,26 @@ async fn tls_with_client_certificates_and_an_nkey_user() {
             .all(|line| line.contains(r#""kind":"tls""#) || line.contains(r#""kind":"io""#)),
         "{lines:#?}"
     );
+    drop(refused);
+
+    // A CA that did not sign the server's certificate (another CA of the same name: `BadSignature`): kind tls, and the
+    // WARN line says why at the default level (the client reported it as an I/O error, its cause only at DEBUG).
+    let other = Files::new();
+    let stranger = certificates(&other);
+    let mut wrong_ca = login.clone();
+    wrong_ca.retain(|(name, _)| *name != "HISTORY_VIEW_NATS_TLS_CA_FILE");
+    wrong_ca.push(("HISTORY_VIEW_NATS_TLS_CA_FILE", stranger.ca.clone()));
+    wrong_ca.push(("HISTORY_VIEW_NATS_TLS_CERT_FILE", tls.client_cert.clone()));
+    wrong_ca.push(("HISTORY_VIEW_NATS_TLS_KEY_FILE", tls.client_key.clone()));
+    let untrusted = worker(nats.url(), &wrong_ca, &mongo, &database).await;
+    let lines = failures_after_retries(&untrusted, "client_error", 2).await;
+    assert!(
+        lines
+            .iter()
+            .all(|line| line.contains(r#""kind":"tls""#)
+                && line.contains("invalid peer certificate")),
+        "{lines:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -447,6 +447,24 @@ fn failures_are_told_by_kind() {
         ))),
         Some("client_error")
     );
+    // With its cause after the kind, as the vendored client sends it.
+    let with_cause = |kind: ConnectErrorKind, cause: &str| {
+        Event::ClientError(ClientError::Other(format!("{kind}: {cause}")))
+    };
+    assert_eq!(
+        failure_kind(&with_cause(
+            ConnectErrorKind::Tls,
+            "invalid peer certificate: UnknownIssuer"
+        )),
+        Some("tls")
+    );
+    assert_eq!(
+        failure_kind(&with_cause(
+            ConnectErrorKind::Io,
+            "Connection refused (os error 111)"
+        )),
+        Some("io")
+    );
     assert_eq!(
         failure_kind(&Event::ServerError(ServerError::AuthorizationViolation)),
         Some("authorization_violation")
@@ -479,4 +497,39 @@ fn each_kind_of_failure_is_logged_at_most_once_per_interval_with_the_count_it_sk
     assert_eq!(log.allow("authorization_violation", at(31)), None);
     assert_eq!(log.allow("authorization_violation", at(60)), Some(1));
     assert_eq!(log.allow("tls", at(35)), Some(1));
+}
+
+#[test]
+fn the_kinds_given_are_the_kinds_design_5_lists() {
+    let attempt = |kind: ConnectErrorKind| Event::ClientError(ClientError::Other(kind.to_string()));
+    let events = [
+        attempt(ConnectErrorKind::AuthorizationViolation),
+        attempt(ConnectErrorKind::Authentication),
+        attempt(ConnectErrorKind::Tls),
+        attempt(ConnectErrorKind::Io),
+        attempt(ConnectErrorKind::TimedOut),
+        attempt(ConnectErrorKind::Dns),
+        attempt(ConnectErrorKind::ServerParse),
+        attempt(ConnectErrorKind::MaxReconnects),
+        Event::ClientError(ClientError::MaxReconnects),
+        Event::ClientError(ClientError::Other("something new".into())),
+        Event::Disconnected,
+        Event::ServerError(ServerError::AuthorizationViolation),
+        Event::ServerError(ServerError::Other("bad".into())),
+    ];
+    let given: std::collections::BTreeSet<&str> = events.iter().filter_map(failure_kind).collect();
+    let listed: std::collections::BTreeSet<&str> = FAILURE_KINDS.into_iter().collect();
+    assert_eq!(given, listed);
+    // The design's sentence: "`kind` (one of `a`, `b`, ...)".
+    let design = include_str!("../../../docs/design.md");
+    let start = design
+        .find("`kind` (one of")
+        .expect("design 5 lists the kinds")
+        + "`kind` (one of".len();
+    let list = design[start..].split(')').next().unwrap_or_default();
+    let documented: std::collections::BTreeSet<&str> = list
+        .split(',')
+        .map(|item| item.trim().trim_matches('`'))
+        .collect();
+    assert_eq!(documented, listed, "design 5's list of kinds");
 }

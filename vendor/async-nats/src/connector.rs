@@ -259,9 +259,11 @@ impl Connector {
                             error,
                         ))
                     }
-                    other => {
+                    _ => {
+                        // The kind and its cause (`tls: invalid peer certificate: UnknownIssuer`), not the kind
+                        // alone, so that whoever logs the event can say why.
                         self.events_tx
-                            .try_send(Event::ClientError(ClientError::Other(other.to_string())))
+                            .try_send(Event::ClientError(ClientError::Other(error.to_string())))
                             .ok();
                     }
                 },
@@ -550,9 +552,11 @@ impl Connector {
             let domain = crate::rustls::pki_types::ServerName::try_from(server_addr.host())
                 .map_err(|err| ConnectError::with_source(crate::ConnectErrorKind::Tls, err))?;
 
+            // A failed handshake is a TLS failure, its cause (the certificate problem) kept as the source.
             let tls_stream = tls_connector
                 .connect(domain.to_owned(), connection.stream)
-                .await?;
+                .await
+                .map_err(|err| ConnectError::with_source(crate::ConnectErrorKind::Tls, err))?;
 
             Ok::<Connection, ConnectError>(Connection::new(
                 Box::new(tls_stream),
