@@ -621,7 +621,7 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, AccessError> {
     })
 }
 
-/// Every kind [`failure_kind`] gives, as design 5 lists them (a test holds the two together).
+/// Every kind [`failure_kind`] gives, as [design 5](../../docs/design.md#5) lists them (a test holds the two together).
 pub const FAILURE_KINDS: [&str; 11] = [
     "authorization_violation",
     "authentication",
