@@ -13,7 +13,7 @@ use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_nats::rustls::pki_types::pem::PemObject;
 use async_nats::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -455,6 +455,8 @@ fn read_creds(path: &Path) -> Result<Login, AccessError> {
     let text = read_text(flag, path)?;
     let (jwt, key_pair) = parse_creds(&text)
         .map_err(|reason| error(flag, format!("{}: {reason}", path.display())))?;
+    jwt_valid_at(&jwt, SystemTime::now())
+        .map_err(|reason| error(flag, format!("{}: {reason}", path.display())))?;
     Ok(Login::Creds {
         jwt,
         key_pair: Arc::new(key_pair),
@@ -493,6 +495,68 @@ fn parse_creds(text: &str) -> Result<(String, KeyPair), &'static str> {
         .get(1)
         .ok_or("holds no NKey seed after its JWT (-----BEGIN USER NKEY SEED----- and the seed)")?;
     Ok(((*jwt).to_owned(), user_key_pair(seed)?))
+}
+
+/// Whether a user JWT is valid at `now` by its own claims: not expired (`exp`) and not before its start (`nbf`),
+/// both seconds since the epoch. The server would refuse it as a plain "authorization violation"; said here, at start,
+/// the operator reads which. A claim that cannot be read is left to the server (its signature is its to check).
+///
+/// # Errors
+/// When it expired or is not valid yet, with the instant (a JWT's claims are no secret).
+fn jwt_valid_at(jwt: &str, now: SystemTime) -> Result<(), String> {
+    use base64::Engine as _;
+    let Some(claims) = jwt
+        .split('.')
+        .nth(1)
+        .and_then(|payload| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(payload.trim_end_matches('='))
+                .ok()
+        })
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+    else {
+        return Ok(());
+    };
+    let now_secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let at = |claim: &str| {
+        claims
+            .get(claim)
+            .and_then(serde_json::Value::as_u64)
+            .filter(|t| *t > 0)
+    };
+    if let Some(expires) = at("exp").filter(|expires| *expires <= now_secs) {
+        return Err(format!(
+            "its user JWT expired at {} (now {}): issue the worker a new one",
+            utc(expires),
+            utc(now_secs)
+        ));
+    }
+    if let Some(start) = at("nbf").filter(|start| *start > now_secs) {
+        return Err(format!(
+            "its user JWT is not valid before {} (now {}): the clocks disagree, or it was issued for later",
+            utc(start),
+            utc(now_secs)
+        ));
+    }
+    Ok(())
+}
+
+/// Seconds since the epoch as an RFC 3339 UTC instant.
+fn utc(secs: u64) -> String {
+    match time::OffsetDateTime::from_unix_timestamp(i64::try_from(secs).unwrap_or(i64::MAX)) {
+        Ok(at) => format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+            at.year(),
+            u8::from(at.month()),
+            at.day(),
+            at.hour(),
+            at.minute(),
+            at.second()
+        ),
+        Err(_) => format!("{secs} s after the epoch"),
+    }
 }
 
 /// The TLS setup of the TLS settings: `None` without any; with any, TLS is required. Without a CA file the system's

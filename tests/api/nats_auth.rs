@@ -463,6 +463,42 @@ fn settings_that_cannot_be_used_stop_the_start_naming_the_setting_not_the_secret
             "-----BEGIN NATS USER JWT-----\neyJ{SECRET}.eyJ.sig\n------END NATS USER JWT------\n"
         ),
     );
+    // A user JWT that expired, and one not valid yet: the start says which (the server would only say
+    // "authorization violation").
+    let creds_with = |name: &str, claims: &str| {
+        use base64::Engine as _;
+        let encode = |text: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text);
+        let jwt = format!(
+            "{}.{}.sig",
+            encode(r#"{"typ":"JWT","alg":"ed25519-nkey"}"#),
+            encode(claims)
+        );
+        let seed = nkeys::KeyPair::new_user().seed().expect("a seed");
+        files.write(
+            name,
+            &format!(
+                "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+                 -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+            ),
+        )
+    };
+    for (creds, says) in [
+        (
+            creds_with("expired.creds", r#"{"exp":1700000000}"#),
+            "expired at 2023-11-14T22:13:20Z",
+        ),
+        (
+            creds_with("later.creds", r#"{"nbf":4100000000}"#),
+            "not valid before 2099-12-03T",
+        ),
+    ] {
+        let (status, output) = start_refused(&[("HISTORY_VIEW_NATS_CREDS_FILE", creds)]);
+        assert_eq!(status, Some(2), "{output}");
+        assert!(
+            output.contains("HISTORY_VIEW_NATS_CREDS_FILE") && output.contains(says),
+            "{output}"
+        );
+    }
     let cases: Vec<(Vec<(&str, String)>, &str)> = vec![
         (
             vec![(

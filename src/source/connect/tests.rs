@@ -533,3 +533,39 @@ fn the_kinds_given_are_the_kinds_design_5_lists() {
         .collect();
     assert_eq!(documented, listed, "design 5's list of kinds");
 }
+
+/// A JWT with `claims` as its payload (header and signature are not read here).
+fn jwt_with(claims: &str) -> String {
+    use base64::Engine as _;
+    let encode = |text: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text);
+    format!(
+        "{}.{}.sig",
+        encode(r#"{"typ":"JWT","alg":"ed25519-nkey"}"#),
+        encode(claims)
+    )
+}
+
+#[test]
+fn a_user_jwt_expired_or_not_yet_valid_is_refused_naming_the_instant() {
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let expired = jwt_valid_at(&jwt_with(r#"{"exp":1700000000}"#), now).unwrap_err();
+    assert!(
+        expired.contains("expired at 2023-11-14T22:13:20Z")
+            && expired.contains("now 2027-01-15T08:00:00Z"),
+        "{expired}"
+    );
+    let later = jwt_valid_at(&jwt_with(r#"{"nbf":1900000000}"#), now).unwrap_err();
+    assert!(
+        later.contains("not valid before 2030-03-17T17:46:40Z"),
+        "{later}"
+    );
+    // Valid now, without either claim, or unreadable: left to the server.
+    for claims in [
+        r#"{"exp":1900000000,"nbf":1700000000}"#,
+        r#"{"sub":"U"}"#,
+        r#"{"exp":0}"#,
+    ] {
+        assert_eq!(jwt_valid_at(&jwt_with(claims), now), Ok(()), "{claims}");
+    }
+    assert_eq!(jwt_valid_at("not.a-jwt.at-all", now), Ok(()));
+}
