@@ -22,7 +22,7 @@ pub struct Snapshot {
     pub written_at_ms: u64,
     /// Thread ids, the most recently read first.
     pub threads: Vec<String>,
-    /// Entries skipped because they could not be a thread id.
+    /// Entries skipped because they could not be a thread id, or repeated one listed before.
     pub skipped: usize,
 }
 
@@ -79,7 +79,8 @@ struct V1 {
     threads: Vec<String>,
 }
 
-/// Decodes a stored hot set, keeping at most `max` ids that are thread ids.
+/// Decodes a stored hot set, keeping at most `max` ids that are thread ids, each once (its first place: the newest),
+/// so that a set of copies of one id costs one warm-up read, not one per copy.
 ///
 /// # Errors
 /// [`SnapshotError`] when it is not a document of this format.
@@ -93,9 +94,10 @@ pub fn decode(bytes: &[u8], max: usize) -> Result<Snapshot, SnapshotError> {
         threads,
     } = serde_json::from_slice(bytes)?;
     let listed = threads.len();
+    let mut seen = std::collections::HashSet::new();
     let threads: Vec<String> = threads
         .into_iter()
-        .filter(|id| crate::http::ThreadId::parse(id.clone()).is_ok())
+        .filter(|id| crate::http::ThreadId::parse(id.clone()).is_ok() && seen.insert(id.clone()))
         .collect();
     let skipped = listed - threads.len();
     Ok(Snapshot {
@@ -110,6 +112,17 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn an_id_listed_again_is_read_once_in_its_first_place() {
+        let mut ids = vec!["b", "a"];
+        ids.extend(std::iter::repeat_n("b", 10_000));
+        ids.push("c");
+        let (bytes, _) = encode(ids, 7, 1 << 20);
+        let snapshot = decode(&bytes, 100).unwrap();
+        assert_eq!(snapshot.threads, ["b", "a", "c"]);
+        assert_eq!(snapshot.skipped, 10_000);
+    }
 
     #[test]
     fn a_document_reads_back_newest_first() {
@@ -162,6 +175,9 @@ mod tests {
             limit in 100usize..4_000,
             at in any::<u64>(),
         ) {
+            // The writer lists each cached thread once (a repeated id reads back once: tested above).
+            let mut seen = std::collections::HashSet::new();
+            let ids: Vec<String> = ids.into_iter().filter(|id| seen.insert(id.clone())).collect();
             let (bytes, kept) = encode(ids.iter().map(String::as_str), at, limit);
             prop_assert!(bytes.len() <= limit, "{} > {limit}", bytes.len());
             let snapshot = decode(&bytes, usize::MAX).unwrap();
