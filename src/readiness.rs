@@ -119,7 +119,7 @@ impl Readiness {
 
     /// Whether the worker still takes new clients: false once it is shutting down.
     pub fn shutdown(&self) -> Check {
-        if self.inner.stopping.load(Ordering::Acquire) {
+        if self.stopping() {
             Check {
                 ok: false,
                 detail: "shutting down: still serving for HISTORY_VIEW_SHUTDOWN_DELAY_SECS while the endpoints are removed, then draining".into(),

@@ -291,7 +291,7 @@ async fn live(
     let finished = worker.wait_received(expected, POLL, STALL).await;
     let cpu = worker.cpu_time().saturating_sub(cpu_before);
     let scrape = worker.metrics().await;
-    let bare = bare.report(started_wall, published_wall).await;
+    let bare = bare.report(Some((started_wall, published_wall))).await;
     worker.stop().await;
     Run {
         mode,
@@ -317,22 +317,13 @@ async fn replay(
 ) -> Run {
     let expected = messages.len() as u64;
     publish(client, messages, None).await;
-    let context = jetstream::new(client.clone());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut stream = context.get_stream(STREAM).await.expect("the stream");
-        let held = stream.info().await.expect("its info").state.messages;
-        if held >= expected {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the stream holds {held} of {expected}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    test_support::class_streams::wait_until_stored(
+        &jetstream::new(client.clone()),
+        STREAM,
+        expected,
+    )
+    .await;
     let mut bare = BareConsumer::start(setup, expected).await;
-    let started_wall = SystemTime::now();
     let started = Instant::now();
     // Answering /healthz, not waited ready: it is ready once its replay caught up.
     let worker = Worker::start_on(
@@ -345,7 +336,7 @@ async fn replay(
     let finished = worker.wait_received(expected, POLL, STALL).await;
     let cpu = worker.cpu_time();
     let scrape = worker.metrics().await;
-    let bare = bare.report(started_wall, started_wall).await;
+    let bare = bare.report(None).await;
     worker.stop().await;
     Run {
         mode: Mode::Replay,
@@ -406,8 +397,8 @@ impl BareConsumer {
             .expect("a line from the bare consumer")
     }
 
-    /// Its report: `started` is the run's start and `published` the publisher's end, both on the wall clock.
-    async fn report(&mut self, started: SystemTime, published: SystemTime) -> Side {
+    /// Its report; `publisher`: when the run's publisher started and ended (wall clock), `None` in a replay.
+    async fn report(&mut self, publisher: Option<(SystemTime, SystemTime)>) -> Side {
         let report = self.line().await;
         self.child.wait().await.expect("the bare consumer exits");
         let fields: Vec<u128> = report
@@ -420,17 +411,18 @@ impl BareConsumer {
         let at =
             |ns: u128| UNIX_EPOCH + Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
         let last = at(last_ns);
-        // Replay: from its consumer's creation; live: from the first publish.
-        let from = if started == published {
-            at(ready_ns)
-        } else {
-            started
+        let (from, after_publisher) = match publisher {
+            Some((started, published)) => {
+                (started, last.duration_since(published).unwrap_or_default())
+            }
+            // Replay: from its consumer's creation, and no publisher to finish after.
+            None => (at(ready_ns), Duration::ZERO),
         };
         Side {
             received: received as u64,
             cpu: Duration::from_nanos(cpu_ns as u64),
             elapsed: last.duration_since(from).unwrap_or_default(),
-            after_publisher: last.duration_since(published).unwrap_or_default(),
+            after_publisher,
         }
     }
 }

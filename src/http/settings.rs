@@ -161,13 +161,8 @@ impl HttpSettings {
         };
         let bytes = super::tokens::read_bounded(path)
             .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-        if let Some(reason) = super::tokens::beyond_bounds(&bytes) {
-            return Err(format!("{} {reason}", path.display()));
-        }
-        let text = String::from_utf8(bytes)
-            .map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
-        self.file_tokens = super::tokens::parse(&text)
-            .map_err(|reason| format!("{}: {reason}", path.display()))?;
+        self.file_tokens = super::tokens::tokens_of(&bytes)
+            .map_err(|refused| format!("{}: {}", path.display(), refused.reason))?;
         Ok(())
     }
 }

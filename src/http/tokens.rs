@@ -116,9 +116,47 @@ pub fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Why a token file's bytes are beyond its bounds, if they are.
-pub fn beyond_bounds(bytes: &[u8]) -> Option<String> {
-    (bytes.len() as u64 > MAX_FILE_BYTES).then(|| format!("is larger than {MAX_FILE_BYTES} bytes"))
+/// Why a token file's content is not taken: the reason (never the content), and whether the file is beyond its
+/// bounds ([`MAX_FILE_BYTES`], [`MAX_TOKENS`]), which the watcher logs at ERROR rather than WARN.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub reason: String,
+    pub beyond_bounds: bool,
+}
+
+impl Refused {
+    fn unusable(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            beyond_bounds: false,
+        }
+    }
+
+    fn beyond_bounds(reason: String) -> Self {
+        Self {
+            reason,
+            beyond_bounds: true,
+        }
+    }
+}
+
+/// Whether a token file's bytes are more than it may hold.
+fn too_large(bytes: &[u8]) -> bool {
+    bytes.len() as u64 > MAX_FILE_BYTES
+}
+
+/// The tokens of a token file's bytes (as [`read_bounded`] gives them): at start and at every change alike.
+///
+/// # Errors
+/// [`Refused`]: too large, not UTF-8, or as [`parse`] says.
+pub fn tokens_of(bytes: &[u8]) -> Result<Vec<Secret>, Refused> {
+    if too_large(bytes) {
+        return Err(Refused::beyond_bounds(format!(
+            "is larger than {MAX_FILE_BYTES} bytes"
+        )));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| Refused::unusable("is not UTF-8 text"))?;
+    parse(text)
 }
 
 /// The tokens of a token file's text: one a line; blank lines and whitespace around a token are ignored.
@@ -126,7 +164,7 @@ pub fn beyond_bounds(bytes: &[u8]) -> Option<String> {
 /// # Errors
 /// No token at all, more than [`MAX_TOKENS`], or a line that is no token (printable ASCII without whitespace); the
 /// message gives the line's number, never its text.
-pub fn parse(text: &str) -> Result<Vec<Secret>, String> {
+fn parse(text: &str) -> Result<Vec<Secret>, Refused> {
     let mut tokens = Vec::new();
     for (number, line) in text.lines().enumerate() {
         let token = line.trim();
@@ -134,13 +172,16 @@ pub fn parse(text: &str) -> Result<Vec<Secret>, String> {
             continue;
         }
         if tokens.len() == MAX_TOKENS {
-            return Err(format!("holds more than {MAX_TOKENS} tokens"));
+            return Err(Refused::beyond_bounds(format!(
+                "holds more than {MAX_TOKENS} tokens"
+            )));
         }
-        check(token).map_err(|reason| format!("line {}: {reason}", number + 1))?;
+        check(token)
+            .map_err(|reason| Refused::unusable(format!("line {}: {reason}", number + 1)))?;
         tokens.push(Secret::new(token));
     }
     if tokens.is_empty() {
-        return Err("holds no token (one a line)".into());
+        return Err(Refused::unusable("holds no token (one a line)"));
     }
     Ok(tokens)
 }
@@ -186,14 +227,14 @@ impl TokenFile {
     /// one keeps the last good set and is logged at WARN (when it begins or its cause changes, then every
     /// [`WARN_EVERY`]), never with the content.
     fn apply(&mut self, read: std::io::Result<Vec<u8>>, now: Instant) {
-        let reason = match read {
-            Err(error) => format!("cannot be read: {}", error.kind()),
+        let refused = match read {
+            Err(error) => Refused::unusable(format!("cannot be read: {}", error.kind())),
             Ok(bytes) => {
                 let digest: [u8; 32] = Sha256::digest(&bytes).into();
                 if self.content == Some(digest) && self.failing.is_none() {
                     return;
                 }
-                if !bytes.is_empty() && !bytes.ends_with(b"\n") && beyond_bounds(&bytes).is_none() {
+                if !bytes.is_empty() && !bytes.ends_with(b"\n") && !too_large(&bytes) {
                     // Its last line may be a token still being written in place: taken once it stays the same.
                     match self.unterminated {
                         Some((seen, since)) if seen == digest => {
@@ -209,13 +250,7 @@ impl TokenFile {
                 }
                 self.unterminated = None;
                 self.content = Some(digest);
-                let parsed = match beyond_bounds(&bytes) {
-                    Some(reason) => Err(reason),
-                    None => std::str::from_utf8(&bytes)
-                        .map_err(|_| "is not UTF-8 text".to_owned())
-                        .and_then(parse),
-                };
-                match parsed {
+                match tokens_of(&bytes) {
                     Ok(tokens) => {
                         if self.tokens.replace(&tokens) || self.failing.is_some() {
                             tracing::info!(
@@ -226,16 +261,20 @@ impl TokenFile {
                         self.failing = None;
                         return;
                     }
-                    Err(reason) => reason,
+                    Err(refused) => refused,
                 }
             }
         };
+        let Refused {
+            reason,
+            beyond_bounds,
+        } = refused;
         let repeat = match &self.failing {
             Some((previous, logged)) => *previous != reason || now >= *logged + WARN_EVERY,
             None => true,
         };
         if repeat {
-            if reason.starts_with("is larger than") || reason.starts_with("holds more than") {
+            if beyond_bounds {
                 tracing::error!(
                     reason = %reason,
                     "HISTORY_VIEW_API_TOKEN_FILE is beyond its bounds; keeping the tokens read last"
@@ -264,10 +303,11 @@ mod tests {
         let tokens = parse("\n  old-token \r\n\n\tnew-token\n").unwrap();
         assert_eq!(tokens, secrets(&["old-token", "new-token"]));
         assert_eq!(parse("only").unwrap(), secrets(&["only"]));
-        assert_eq!(parse(""), Err("holds no token (one a line)".into()));
-        assert_eq!(parse(" \n\n"), Err("holds no token (one a line)".into()));
+        let reason = |text: &str| parse(text).map_err(|refused| refused.reason);
+        assert_eq!(reason(""), Err("holds no token (one a line)".into()));
+        assert_eq!(reason(" \n\n"), Err("holds no token (one a line)".into()));
         // The line's number, never its text.
-        let error = parse("good\nsecret with space\n").unwrap_err();
+        let error = reason("good\nsecret with space\n").unwrap_err();
         assert_eq!(error, "line 2: must be printable ASCII without whitespace");
         assert!(parse("caf\u{e9}").is_err());
     }

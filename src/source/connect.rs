@@ -685,21 +685,6 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, AccessError> {
     })
 }
 
-/// Every kind [`failure_kind`] gives, as [design 5](../../docs/design.md#5) lists them (a test holds the two together).
-pub const FAILURE_KINDS: [&str; 11] = [
-    "authorization_violation",
-    "authentication",
-    "tls",
-    "io",
-    "timed_out",
-    "dns",
-    "server_parse",
-    "max_reconnects",
-    "client_error",
-    "disconnected",
-    "server_error",
-];
-
 /// The kind of a connection failure, for its log line and its rate limit: one of a closed set (the client's
 /// connect error kinds, and server errors); `None` for an event that is no failure.
 pub fn failure_kind(event: &Event) -> Option<&'static str> {

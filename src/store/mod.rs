@@ -241,8 +241,6 @@ struct Clients {
     fill_collection: Collection<RawDocumentBuf>,
     /// The same collection through the shadow checks' own client, when they are on.
     shadow_collection: Option<Collection<RawDocumentBuf>>,
-    /// The driver's clients themselves, shut down at the stop ([`Store::shut_down`]).
-    drivers: Vec<Client>,
 }
 
 impl Store {
@@ -304,12 +302,20 @@ impl Store {
         let Some(clients) = self.inner.clients.get() else {
             return;
         };
-        let all = futures_util::future::join_all(
-            clients
-                .drivers
-                .iter()
-                .map(|driver| driver.clone().shutdown().immediate(true).into_future()),
-        );
+        // One driver client each: the reads', the fills' and the shadow checks'.
+        let drivers = [
+            Some(&clients.collection),
+            Some(&clients.fill_collection),
+            clients.shadow_collection.as_ref(),
+        ];
+        let all = futures_util::future::join_all(drivers.into_iter().flatten().map(|collection| {
+            collection
+                .client()
+                .clone()
+                .shutdown()
+                .immediate(true)
+                .into_future()
+        }));
         if tokio::time::timeout(limit, all).await.is_err() {
             tracing::debug!("the store's clients did not shut down in time");
         }
@@ -340,10 +346,8 @@ impl Store {
                 let fill_client =
                     Client::with_options(fill_options.clone()).map_err(StoreError::Query)?;
                 // Shadow checks likewise: they must never delay a read or a hydration.
-                let mut drivers = vec![fill_client.clone()];
                 let shadow_collection = if inner.shadow {
                     let client = Client::with_options(fill_options).map_err(StoreError::Query)?;
-                    drivers.push(client.clone());
                     Some(
                         client
                             .database(&inner.database_name)
@@ -353,7 +357,6 @@ impl Store {
                     None
                 };
                 let client = Client::with_options(options).map_err(StoreError::Query)?;
-                drivers.push(client.clone());
                 let database = client.database(&inner.database_name);
                 Ok(Clients {
                     collection: database.collection(&inner.collection_name),
@@ -362,7 +365,6 @@ impl Store {
                         .collection(&inner.collection_name),
                     shadow_collection,
                     database,
-                    drivers,
                 })
             })
             .await

@@ -38,3 +38,20 @@ pub async fn create_replicated_class_streams(
         }
     }
 }
+
+/// Waits (at most 60 s) until `stream` holds `messages` messages: what was published on Core NATS into it is stored.
+pub async fn wait_until_stored(context: &jetstream::Context, stream: &str, messages: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut handle = context.get_stream(stream).await.expect("the stream");
+        let held = handle.info().await.expect("its info").state.messages;
+        if held == messages {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{stream} holds {held} of {messages} messages"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -9,7 +9,7 @@ use async_nats::jetstream;
 
 use crate::helpers::BinaryApp;
 use crate::scene::Scene;
-use test_support::class_streams::create_class_streams;
+use test_support::class_streams::{create_class_streams, wait_until_stored};
 use test_support::hot_thread::chunk;
 use test_support::scrape::metric_sum;
 
@@ -37,20 +37,12 @@ async fn a_large_replay_is_consumed_without_a_resume_or_a_pause_again_and_again(
             .expect("publish");
     }
     scene.publisher.flush().await.expect("flush");
-    let context = jetstream::new(scene.publisher.clone());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut stream = context
-            .get_stream("agent_Hot_stream")
-            .await
-            .expect("the stream");
-        let held = stream.info().await.expect("its info").state.messages;
-        if held == EVENTS as u64 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the stream holds {held}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_stored(
+        &jetstream::new(scene.publisher.clone()),
+        "agent_Hot_stream",
+        EVENTS as u64,
+    )
+    .await;
     for replay in 1..=REPLAYS {
         // Not waited ready: a JetStream worker is ready once its replay caught up, and the replay is what is watched.
         let app = BinaryApp::start(&[

@@ -501,6 +501,7 @@ fn each_kind_of_failure_is_logged_at_most_once_per_interval_with_the_count_it_sk
 
 #[test]
 fn the_kinds_given_are_the_kinds_design_5_lists() {
+    // An event of every kind `failure_kind` can give.
     let attempt = |kind: ConnectErrorKind| Event::ClientError(ClientError::Other(kind.to_string()));
     let events = [
         attempt(ConnectErrorKind::AuthorizationViolation),
@@ -518,8 +519,6 @@ fn the_kinds_given_are_the_kinds_design_5_lists() {
         Event::ServerError(ServerError::Other("bad".into())),
     ];
     let given: std::collections::BTreeSet<&str> = events.iter().filter_map(failure_kind).collect();
-    let listed: std::collections::BTreeSet<&str> = FAILURE_KINDS.into_iter().collect();
-    assert_eq!(given, listed);
     // The design's sentence: "`kind` (one of `a`, `b`, ...)".
     let design = include_str!("../../../docs/design.md");
     let start = design
@@ -531,7 +530,7 @@ fn the_kinds_given_are_the_kinds_design_5_lists() {
         .split(',')
         .map(|item| item.trim().trim_matches('`'))
         .collect();
-    assert_eq!(documented, listed, "design 5's list of kinds");
+    assert_eq!(documented, given, "design 5's list of kinds");
 }
 
 /// A JWT with `claims` as its payload (header and signature are not read here).
