@@ -235,8 +235,20 @@ impl StoreReads for FakeStore {
 }
 
 fn event(family: &str, agent: &str, display: &str, id: &str, at: i64, data: &str) -> ViewEvent {
+    event_on(THREAD, family, agent, display, id, at, data)
+}
+
+fn event_on(
+    thread: &str,
+    family: &str,
+    agent: &str,
+    display: &str,
+    id: &str,
+    at: i64,
+    data: &str,
+) -> ViewEvent {
     let key = DeliveryKey::parse_subject(&format!(
-        "agent.{agent}.{agent}-1.{THREAD}.{display}.run.display_event.{family}.{id}"
+        "agent.{agent}.{agent}-1.{thread}.{display}.run.display_event.{family}.{id}"
     ))
     .expect("a display-event subject");
     let payload = format!(r#"{{"_parent_event_names": ["{family}"], "created_at": {at}, {data}}}"#);
@@ -248,7 +260,13 @@ fn event(family: &str, agent: &str, display: &str, id: &str, at: i64, data: &str
 
 /// A user turn: a visibility marker of `display`.
 fn user(display: &str, id: &str, at: i64) -> ViewEvent {
-    event(
+    user_on(THREAD, display, id, at)
+}
+
+/// [`user`] on `thread`.
+fn user_on(thread: &str, display: &str, id: &str, at: i64) -> ViewEvent {
+    event_on(
+        thread,
         "UserMessageEvent",
         "UserAgent",
         display,
@@ -1108,12 +1126,45 @@ async fn the_warm_up_goes_newest_first_at_most_its_rate_and_a_gone_thread_costs_
     let report = warming.await.unwrap();
     assert_eq!(report.hydrated, 4);
     assert!(tokio::time::Instant::now() >= start + Duration::from_millis(1_500));
-    // Threads that do not exist: stage 1 each, nothing else.
+    // Threads that do not exist: stage 1 each, nothing else; and they are not handed on, the set they came in
+    // included (their one query was spent in this generation).
     assert_eq!(scene.store.calls(Query::Markers), 4);
     assert_eq!(scene.store.calls(Query::Events), 0);
-    // Handed on in the order they came, after every thread read since.
+    scene.stored_turn();
     scene.read().await.unwrap();
-    assert_eq!(scene.views.hot_set(3), [THREAD, "w0", "w1"]);
+    assert_eq!(scene.views.hot_set(3, &warm_threads(4)), [THREAD]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_warm_up_stopped_midway_hands_on_what_was_read_then_the_set_it_was_handed() {
+    let scene = Scene::new();
+    // `g` does not exist; the others do.
+    let inherited: Vec<String> = ["w0", "g", "w1", "w2", "w3", "w4"]
+        .map(String::from)
+        .to_vec();
+    for (i, thread) in inherited.iter().enumerate().filter(|(_, t)| *t != "g") {
+        scene.store.persist(&user_on(thread, "d1", "u1", i as i64));
+    }
+    scene.stored_turn();
+    scene.past_the_bound().await;
+    let views = scene.views.clone();
+    let handed = inherited.clone();
+    // Two a second: w0, g, w1 and w2 start by 1.5 s.
+    let warming = tokio::spawn(async move { views.warm_up(handed, warm_plan(2, 60)).await });
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    assert_eq!(scene.store.calls(Query::Markers), 4);
+    scene.read().await.unwrap();
+    warming.abort();
+    let _ = warming.await;
+    assert!(!scene.views.cache.contains_key("w3"));
+    // Read here first, then the handed set in its order, reached or not, without the thread that does not exist.
+    assert_eq!(
+        scene.views.hot_set(10, &inherited),
+        [THREAD, "w0", "w1", "w2", "w3", "w4"]
+    );
+    assert_eq!(scene.views.hot_set(3, &inherited), [THREAD, "w0", "w1"]);
+    // Without the handed set (after the idle time), only what this worker holds.
+    assert_eq!(scene.views.hot_set(10, &[]), [THREAD, "w0", "w1", "w2"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1204,15 +1255,19 @@ async fn a_thread_read_first_is_skipped_by_the_warm_up() {
 async fn the_hot_set_is_the_most_recently_read_newest_first() {
     let scene = Scene::new();
     for thread in ["a", "b", "c", "d"] {
+        scene.store.persist(&user_on(thread, "d1", "u1", 1));
+    }
+    scene.past_the_bound().await;
+    for thread in ["a", "b", "c", "d"] {
         scene.views.read::<HistoryBody>(thread, None).await.unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     scene.views.read::<HistoryBody>("b", None).await.unwrap();
     // A thread only written to live is no read.
     scene.views.apply(user("d9", "u9", 1), None).await;
-    assert_eq!(scene.views.hot_set(10), ["b", "d", "c", "a"]);
-    assert_eq!(scene.views.hot_set(2), ["b", "d"]);
-    assert!(scene.views.hot_set(0).is_empty());
+    assert_eq!(scene.views.hot_set(10, &[]), ["b", "d", "c", "a"]);
+    assert_eq!(scene.views.hot_set(2, &[]), ["b", "d"]);
+    assert!(scene.views.hot_set(0, &[]).is_empty());
 }
 
 /// The spans of the cache's part of a read ([design 5](../../docs/design.md#5), "Traces").

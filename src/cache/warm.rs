@@ -63,9 +63,12 @@ impl WarmReport {
 }
 
 impl<S: StoreReads> ViewCache<S> {
-    /// The ids of at most `max` threads this worker read, the most recently read first (a thread the warm-up
-    /// hydrated ranks after every read one, in the order it was handed over).
-    pub fn hot_set(&self, max: usize) -> Vec<String> {
+    /// The ids of at most `max` threads to hand on, newest first: those this worker read, the most recently read
+    /// first (a thread the warm-up hydrated ranks after every read one, in the order it was handed over), then those
+    /// of `inherited` (the set this worker was handed, in its order) that have no entry here: the warm-up did not
+    /// reach them (it was stopped, or hit its deadline) or they were evicted. A thread the store shows does not exist
+    /// (its view complete and empty) is not handed on: it cost its one query in this generation.
+    pub fn hot_set(&self, max: usize, inherited: &[String]) -> Vec<String> {
         if max == 0 {
             return Vec::new();
         }
@@ -75,7 +78,8 @@ impl<S: StoreReads> ViewCache<S> {
             .iter()
             .filter_map(|(thread, entry)| {
                 let at = entry.last_read.load(Ordering::Relaxed);
-                (at > 0 && !entry.too_large.load(Ordering::Relaxed)).then_some((at, thread))
+                (at > 0 && !entry.too_large.load(Ordering::Relaxed) && !self.known_absent(&entry))
+                    .then_some((at, thread))
             })
             .collect();
         if read.len() > max {
@@ -83,9 +87,26 @@ impl<S: StoreReads> ViewCache<S> {
             read.truncate(max);
         }
         read.sort_unstable_by_key(|(at, _)| std::cmp::Reverse(*at));
-        read.into_iter()
+        let mut threads: Vec<String> = read
+            .into_iter()
             .map(|(_, thread)| (*thread).clone())
-            .collect()
+            .collect();
+        let room = max - threads.len();
+        threads.extend(
+            inherited
+                .iter()
+                .filter(|thread| !self.cache.contains_key(thread.as_str()))
+                .take(room)
+                .cloned(),
+        );
+        threads
+    }
+
+    /// Whether `entry`'s thread does not exist as far as the store and the live source show: its view is complete
+    /// and holds no event.
+    fn known_absent(&self, entry: &Entry) -> bool {
+        let view = entry.lock_view(&self.metrics);
+        view.is_empty() && view.state(self.coverage.epoch(entry.bucket)) == ViewState::Complete
     }
 
     /// Hydrates `threads` (the most recently read first) by `plan`, once a store read can complete a view.

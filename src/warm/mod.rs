@@ -170,15 +170,19 @@ impl HotSet {
         Ok((hot, stored))
     }
 
-    /// Writes the hot set of `views` under this worker's key.
+    /// Writes the hot set of `views`, then of `inherited` those it does not hold, under this worker's key.
     ///
     /// # Returns
     /// How many thread ids it holds.
     ///
     /// # Errors
     /// [`HotSetError::Put`].
-    pub async fn write<S: StoreReads>(&self, views: &ViewCache<S>) -> Result<usize, HotSetError> {
-        let threads = views.hot_set(self.max_threads);
+    pub async fn write<S: StoreReads>(
+        &self,
+        views: &ViewCache<S>,
+        inherited: &[String],
+    ) -> Result<usize, HotSetError> {
+        let threads = views.hot_set(self.max_threads, inherited);
         let (value, kept) =
             snapshot::encode(threads.iter().map(String::as_str), now_ms(), self.max_value);
         self.put(value.into()).await?;
@@ -198,8 +202,13 @@ impl HotSet {
     }
 
     /// [`HotSet::write`], its failure warned about at most every [`WRITE_WARNING_INTERVAL`].
-    async fn write_logged<S: StoreReads>(&self, views: &ViewCache<S>, why: &'static str) {
-        match self.write(views).await {
+    async fn write_logged<S: StoreReads>(
+        &self,
+        views: &ViewCache<S>,
+        inherited: &Inherited,
+        why: &'static str,
+    ) {
+        match self.write(views, inherited.threads()).await {
             Ok(threads) => tracing::debug!(threads, why, key = %self.key, "hot set written"),
             Err(error) => {
                 let now = Instant::now();
@@ -212,6 +221,25 @@ impl HotSet {
                     tracing::warn!(error = %error, cause = %source_of(&error), bucket = %self.name, why, "cannot write the hot set; the next worker will start with an older one or none");
                 }
             }
+        }
+    }
+}
+
+/// The hot set this worker was handed (its own threads), kept for the cache's idle time: until then the threads of it
+/// that this worker holds no entry for (the warm-up was stopped or hit its deadline before them, or they were
+/// evicted) are handed on after its own, so a worker stopped during its warm-up hands the same set on. After the
+/// idle time the old worker's cache would have dropped them too.
+struct Inherited {
+    threads: Vec<String>,
+    until: Instant,
+}
+
+impl Inherited {
+    fn threads(&self) -> &[String] {
+        if Instant::now() < self.until {
+            &self.threads
+        } else {
+            &[]
         }
     }
 }
@@ -294,6 +322,10 @@ pub async fn run<S: StoreReads>(
         rate: settings.rate,
         deadline,
     };
+    let inherited = Inherited {
+        threads: threads.clone(),
+        until: started + cache_idle,
+    };
     let report = tokio::select! {
         biased;
         () = stop.cancelled() => None,
@@ -301,7 +333,7 @@ pub async fn run<S: StoreReads>(
     };
     readiness.set_warmed();
     let Some(report) = report else {
-        hot.write_logged(&views, "stop").await;
+        hot.write_logged(&views, &inherited, "stop").await;
         return;
     };
     tracing::info!(
@@ -318,10 +350,10 @@ pub async fn run<S: StoreReads>(
         tokio::select! {
             biased;
             () = stop.cancelled() => {
-                hot.write_logged(&views, "stop").await;
+                hot.write_logged(&views, &inherited, "stop").await;
                 return;
             }
-            () = tokio::time::sleep(settings.snapshot) => hot.write_logged(&views, "period").await,
+            () = tokio::time::sleep(settings.snapshot) => hot.write_logged(&views, &inherited, "period").await,
         }
     }
 }
