@@ -307,7 +307,8 @@ async fn gone_threads_cost_one_query_in_one_generation_and_copies_of_an_id_one_r
     let done = first.log_lines("warm-up done");
     assert!(done[0].contains(r#""hit_max":false"#), "{done:?}");
     // Nothing follows but the one re-read of a view whose removal bucket another entry shares (held partial by its
-    // floor, as any hydration's would be: [design 2.1.1](../../docs/design.md#2.1.1)), due the bound after the warm-up at the latest.
+    // floor, as any hydration's would be: [design 2.1.1](../../docs/design.md#2.1.1)), due the bound after the
+    // warm-up at the latest.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let later = metrics_until(&first.api, "done re-reading", |m| {
         let rereads: f64 = ["complete", "partial", "error"]
