@@ -71,15 +71,28 @@ impl Ingest {
 
     /// One message: subject → delivery key → family filter and decode → its thread's view.
     pub async fn handle(&self, message: Message) {
-        self.handle_event(&message.subject, &message.payload, message.headers.as_ref())
-            .await;
+        let arrived = crate::decode::arrival(std::time::SystemTime::now());
+        self.handle_event(
+            &message.subject,
+            &message.payload,
+            message.headers.as_ref(),
+            arrived,
+        )
+        .await;
     }
 
-    /// One event by its display-event subject, payload and headers.
-    pub async fn handle_event(&self, subject: &str, payload: &[u8], headers: Option<&HeaderMap>) {
+    /// One event by its display-event subject, payload and headers, received at `arrived`
+    /// ([`crate::decode::ViewEvent::arrived`]).
+    pub async fn handle_event(
+        &self,
+        subject: &str,
+        payload: &[u8],
+        headers: Option<&HeaderMap>,
+        arrived: u32,
+    ) {
         let outcome = if !trace::enabled() {
             // Tracing off: no header is read and nothing is kept.
-            self.apply(subject, payload, || None).await
+            self.apply(subject, payload, arrived, || None).await
         } else if trace::sample_ingest() {
             let publisher = headers.and_then(trace::publisher_context);
             let span = tracing::info_span!(
@@ -98,11 +111,11 @@ impl Ingest {
             // Kept as every event's is, from the context the propagator has just read rather than by finding the
             // header a second time.
             let kept = publisher.as_ref().map(PublisherContext::from);
-            self.apply(subject, payload, move || kept)
+            self.apply(subject, payload, arrived, move || kept)
                 .instrument(span)
                 .await
         } else {
-            self.apply(subject, payload, || {
+            self.apply(subject, payload, arrived, || {
                 headers.and_then(PublisherContext::from_headers)
             })
             .await
@@ -119,6 +132,7 @@ impl Ingest {
         &self,
         subject: &str,
         payload: &[u8],
+        arrived: u32,
         publisher: impl FnOnce() -> Option<PublisherContext>,
     ) -> Option<EventOutcome> {
         let key = match DeliveryKey::parse_subject(subject) {
@@ -148,7 +162,8 @@ impl Ingest {
                 EventOutcome::Malformed
             }
             Ok(Decoded::Irrelevant) => EventOutcome::Irrelevant,
-            Ok(Decoded::Event(event)) => {
+            Ok(Decoded::Event(mut event)) => {
+                event.arrived = arrived;
                 if let Ok(created_at) = event.created_at {
                     self.metrics.ingest.lag(created_at);
                 }
@@ -164,8 +179,14 @@ impl Ingest {
 }
 
 impl Sink for Ingest {
-    async fn apply(&self, subject: &str, payload: &[u8], headers: Option<&HeaderMap>) {
-        self.handle_event(subject, payload, headers).await;
+    async fn apply(
+        &self,
+        subject: &str,
+        payload: &[u8],
+        headers: Option<&HeaderMap>,
+        arrived: u32,
+    ) {
+        self.handle_event(subject, payload, headers, arrived).await;
     }
 }
 

@@ -341,7 +341,7 @@ mod tests {
     /// order is not pinned (the exposition sorts by name).
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 52] = [
+        let pinned: [(&str, &[&str]); 53] = [
             ("history_view_build_info", &["version"]),
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
@@ -363,6 +363,7 @@ mod tests {
             ("history_view_http_timeouts_total", &["kind"]),
             ("history_view_thread_limit_exceeded_total", &["path"]),
             ("history_view_markers_skipped_total", &[]),
+            ("history_view_orphaned_events_total", &[]),
             ("history_view_index_hint_fallbacks_total", &[]),
             ("history_view_malformed_event_warnings_total", &[]),
             ("history_view_background_rereads_total", &["result"]),

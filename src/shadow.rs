@@ -80,6 +80,11 @@ pub enum Finding {
     Ahead,
     /// Not in the view, stored about when the read happened (the clocks cannot tell before or after).
     Uncertain,
+    /// In the view, arrived more than the bound (+ margin) before the read (or read from the store), and not
+    /// stored: the store had it, as far as the bound goes, and no longer has it (the thread or the event was deleted), or the persister broke
+    /// the bound. Not a broken promise (the view holds more, not less), but the view is made partial, so its next
+    /// read hydrates and leaves it out ([design 2.1.8](../docs/design.md#2.1.8)).
+    Orphaned,
     /// Not in the view, and persisted more than the bound after it was published (stored after the read, or before
     /// it but that late): the persister broke the bound and the live path did not deliver it.
     Late,
@@ -90,10 +95,11 @@ pub enum Finding {
 }
 
 impl Finding {
-    pub const ALL: [Finding; 6] = [
+    pub const ALL: [Finding; 7] = [
         Finding::Match,
         Finding::Ahead,
         Finding::Uncertain,
+        Finding::Orphaned,
         Finding::Late,
         Finding::Differs,
         Finding::Missing,
@@ -104,6 +110,7 @@ impl Finding {
             Finding::Match => "match",
             Finding::Ahead => "ahead",
             Finding::Uncertain => "uncertain",
+            Finding::Orphaned => "orphaned",
             Finding::Late => "late",
             Finding::Differs => "differs",
             Finding::Missing => "missing",
@@ -126,6 +133,8 @@ pub enum Verdict {
     Ahead,
     /// Nothing failed; some rows were stored about when the read happened.
     Uncertain,
+    /// Nothing failed, but the view held events the store no longer has ([`Finding::Orphaned`]): healed.
+    Orphaned,
     /// Something failed, but a gap was noticed within the window after the read: the persister-lag rule does not promise it ([design
     /// 2.1.6](../docs/design.md#2.1.6)).
     Window,
@@ -145,10 +154,11 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 11] = [
+    pub const ALL: [Verdict; 12] = [
         Verdict::Match,
         Verdict::Ahead,
         Verdict::Uncertain,
+        Verdict::Orphaned,
         Verdict::Window,
         Verdict::Late,
         Verdict::Differs,
@@ -164,6 +174,7 @@ impl Verdict {
             Verdict::Match => "match",
             Verdict::Ahead => "ahead",
             Verdict::Uncertain => "uncertain",
+            Verdict::Orphaned => "orphaned",
             Verdict::Window => "window",
             Verdict::Late => "late",
             Verdict::Differs => "differs",
@@ -177,6 +188,11 @@ impl Verdict {
 
     pub fn is_failure(self) -> bool {
         matches!(self, Verdict::Late | Verdict::Differs | Verdict::Missing)
+    }
+
+    /// Whether the view is healed (made partial): a failure, or events the store no longer has.
+    pub fn heals(self) -> bool {
+        self.is_failure() || self == Verdict::Orphaned
     }
 }
 
@@ -207,8 +223,9 @@ pub struct Snapshot {
     pub covered_through: Option<SystemTime>,
     /// The displays the read counted as visible.
     pub visible: HashSet<Box<str>>,
-    /// `(key hash, digest)` of each held event on a visible display, sorted.
-    events: Vec<(u64, u64)>,
+    /// `(key hash, digest, arrived)` of each held event on a visible display
+    /// ([`crate::decode::ViewEvent::arrived`]), sorted.
+    events: Vec<(u64, u64, u32)>,
 }
 
 impl Snapshot {
@@ -223,9 +240,9 @@ impl Snapshot {
             .into_iter()
             .map(Box::from)
             .collect();
-        let mut held: Vec<(u64, u64)> = events
+        let mut held: Vec<(u64, u64, u32)> = events
             .filter(|e| visible.contains(e.key.display_id()))
-            .map(|e| (key_hash(&e.key), digest(e)))
+            .map(|e| (key_hash(&e.key), digest(e), e.arrived))
             .collect();
         held.sort_unstable();
         Self {
@@ -239,11 +256,11 @@ impl Snapshot {
 
     fn held(&self, key: &DeliveryKey) -> Option<u64> {
         let hash = key_hash(key);
-        let at = self.events.partition_point(|(h, _)| *h < hash);
+        let at = self.events.partition_point(|(h, _, _)| *h < hash);
         self.events
             .get(at)
-            .filter(|(h, _)| *h == hash)
-            .map(|(_, d)| *d)
+            .filter(|(h, _, _)| *h == hash)
+            .map(|(_, d, _)| *d)
     }
 }
 
@@ -279,7 +296,7 @@ impl Comparison {
         self.counts.get(&finding).copied().unwrap_or(0)
     }
 
-    /// The worst finding: a failure if any, else uncertain, ahead, match.
+    /// The worst finding: a failure if any, else orphaned, uncertain, ahead, match.
     pub fn verdict(&self) -> Verdict {
         match Finding::ALL
             .iter()
@@ -290,6 +307,7 @@ impl Comparison {
             Some(Finding::Missing) => Verdict::Missing,
             Some(Finding::Differs) => Verdict::Differs,
             Some(Finding::Late) => Verdict::Late,
+            Some(Finding::Orphaned) => Verdict::Orphaned,
             Some(Finding::Uncertain) => Verdict::Uncertain,
             Some(Finding::Ahead) => Verdict::Ahead,
             Some(Finding::Match) | None => Verdict::Match,
@@ -328,7 +346,8 @@ fn ms(duration: Duration) -> i64 {
 /// - not held, stored about when the read happened, and held by the view `now`: not compared;
 /// - not held otherwise: `uncertain`.
 ///
-/// Held events no row has are `ahead`.
+/// Held events no row has are `orphaned` if they arrived more than the bound (+ margin) before the read, or were read
+/// from the store (the store had them before the read, as far as the bound goes), `ahead` otherwise.
 pub fn compare(
     snapshot: &Snapshot,
     rows: &[StoredRow],
@@ -343,7 +362,7 @@ pub fn compare(
     let lag = ms(clocks.persist_lag);
     let mut comparison = Comparison::default();
     let mut seen: HashSet<&DeliveryKey> = HashSet::new();
-    let mut matched = 0u64;
+    let mut matched: HashSet<u64> = HashSet::new();
     for row in rows {
         let event = &row.event;
         if !(snapshot.visible.contains(event.key.display_id()) || event.is_marker()) {
@@ -354,7 +373,7 @@ pub fn compare(
         }
         let finding = match snapshot.held(&event.key) {
             Some(held) => {
-                matched += 1;
+                matched.insert(key_hash(&event.key));
                 if held == digest(event) {
                     Finding::Match
                 } else {
@@ -406,11 +425,18 @@ pub fn compare(
             });
         }
     }
-    let ahead = u64::try_from(snapshot.events.len())
-        .unwrap_or(u64::MAX)
-        .saturating_sub(matched);
-    if ahead > 0 {
-        comparison.counts.insert(Finding::Ahead, ahead);
+    for (hash, _, arrived) in &snapshot.events {
+        if matched.contains(hash) {
+            continue;
+        }
+        // The whole second it arrived in ended the bound and the margin before the read.
+        let arrived_by = (i64::from(*arrived) + 1) * 1000;
+        let finding = if arrived_by.saturating_add(lag + margin) <= read {
+            Finding::Orphaned
+        } else {
+            Finding::Ahead
+        };
+        *comparison.counts.entry(finding).or_default() += 1;
     }
     comparison
 }
@@ -509,6 +535,12 @@ mod tests {
     use crate::decode::{Decoded, decode_payload};
     use std::time::UNIX_EPOCH;
 
+    /// `event` as received live at `second`.
+    fn arrived(mut event: ViewEvent, second: u32) -> ViewEvent {
+        event.arrived = second;
+        event
+    }
+
     fn event(display: &str, event_id: &str, name: &str, created_ms: i64, text: &str) -> ViewEvent {
         let (class, payload) = match name {
             "UserMessageEvent" => (
@@ -558,7 +590,7 @@ mod tests {
     fn rows_are_judged_by_whether_the_view_held_them_and_when_they_were_stored() {
         let marker = event("d", "m", "UserMessageEvent", 90_000, "hi");
         let answer = event("d", "c1", "ChunkEvent", 91_000, "a");
-        let ahead = event("d", "c2", "ChunkEvent", 99_900, "b");
+        let ahead = arrived(event("d", "c2", "ChunkEvent", 99_900, "b"), 99);
         let held = [marker.clone(), answer.clone(), ahead];
         let snap = snapshot(&held);
         let rows = [
@@ -590,6 +622,34 @@ mod tests {
             .map(|d| d.event_id.as_str())
             .collect();
         assert_eq!(ids, ["x1", "x6", "x3"]);
+    }
+
+    #[test]
+    fn held_events_no_row_has_are_orphaned_once_the_store_should_have_had_them() {
+        // A deleted thread: the view holds a turn read from the store, one that arrived 10 s before the read, and
+        // one that arrived a moment before it.
+        let marker = event("d", "m", "UserMessageEvent", 90_000, "hi");
+        let answer = arrived(event("d", "c1", "ChunkEvent", 90_100, "a"), 90);
+        let recent = arrived(event("d", "c2", "ChunkEvent", 97_500, "b"), 97);
+        let comparison = compare(&snapshot(&[marker, answer, recent]), &[], None, CLOCKS);
+        assert_eq!(comparison.count(Finding::Orphaned), 2);
+        assert_eq!(comparison.count(Finding::Ahead), 1);
+        assert_eq!(comparison.verdict(), Verdict::Orphaned);
+        assert!(Verdict::Orphaned.heals());
+        assert!(!Verdict::Orphaned.is_failure());
+        assert!(comparison.divergent.is_empty());
+        // A failure outranks it.
+        let missing = row(event("d", "x", "ChunkEvent", 95_000, "m"), 95_000);
+        let marker = event("d", "m", "UserMessageEvent", 90_000, "hi");
+        let orphan = event("d", "c1", "ChunkEvent", 90_100, "a");
+        let comparison = compare(
+            &snapshot(&[marker.clone(), orphan]),
+            &[row(marker, 90_000), missing],
+            None,
+            CLOCKS,
+        );
+        assert_eq!(comparison.count(Finding::Orphaned), 1);
+        assert_eq!(comparison.verdict(), Verdict::Missing);
     }
 
     #[test]

@@ -260,11 +260,20 @@ impl ThreadView {
     /// `live` (moved in), which the store may not have yet. Duplicates across the two count once. It is partial
     /// until the caller marks it complete (it alone knows whether the store read may count, see
     /// [`crate::coverage`]).
+    ///
+    /// An event of `live` that arrived before `stored_before` (milliseconds since the Unix epoch: the first
+    /// query's start less the persister-lag bound and the clock margin), or was a stored row, that the rows do not
+    /// hold, on a covered display or a marker, is dropped: the store had it, as far as the bound goes, and no
+    /// longer has it (the thread or the event was deleted). 0 drops nothing.
+    ///
+    /// # Returns
+    /// The view, and how many live events it dropped.
     pub fn hydrated(
         store_events: impl IntoIterator<Item = ViewEvent>,
         covered: impl IntoIterator<Item = String>,
         live: ThreadView,
-    ) -> Self {
+        stored_before: u64,
+    ) -> (Self, usize) {
         let mut view = ThreadView::new();
         view.hydrated = true;
         let covered: HashSet<Box<str>> = covered.into_iter().map(String::into_boxed_str).collect();
@@ -276,9 +285,23 @@ impl ThreadView {
             view.insert(event);
         }
         let version = live.version + 1;
-        view.merge(live);
+        let dropped = view.merge(live, stored_before);
         view.version = version;
-        view
+        (view, dropped)
+    }
+
+    /// Whether `event` is one the store no longer has: valid, arrived before `before` (its whole second ended by
+    /// then) or a stored row, not held (the rows were inserted first), and a marker or on a display the rows
+    /// covered.
+    fn orphaned(&self, event: &ViewEvent, before: u64) -> bool {
+        (u64::from(event.arrived) + 1) * 1000 <= before
+            && project::validate(event).is_ok()
+            && (event.is_marker()
+                || self
+                    .extra
+                    .as_ref()
+                    .is_some_and(|extra| extra.covered.contains(event.key.display_id())))
+            && self.find(event, key_hash(&event.key), true).is_none()
     }
 
     /// Adds the stored events of `displays` (read by a fill) and counts those displays as covered. Whether the view
@@ -302,10 +325,11 @@ impl ThreadView {
         self.version += 1;
     }
 
-    /// Inserts every event of `other` (dedup makes overlap harmless), with their publisher contexts: a live event
-    /// already held as a store row (which has none) gives the row its context, since it is the same event. The
-    /// view must hold no context of its own yet (a hydration's store rows), so no slot gets two.
-    fn merge(&mut self, other: ThreadView) {
+    /// Inserts every event of `other` (dedup makes overlap harmless) but those [`ThreadView::orphaned`] drops for
+    /// `stored_before`, with their publisher contexts: a live event already held as a store row (which
+    /// has none) gives the row its context, since it is the same event. The view must hold no context of its own
+    /// yet (a hydration's store rows), so no slot gets two. Returns how many it dropped.
+    fn merge(&mut self, other: ThreadView, stored_before: u64) -> usize {
         let Extra {
             rejected,
             mut publishers,
@@ -316,12 +340,33 @@ impl ThreadView {
         let mut publishers = publishers.into_iter().peekable();
         let valid = other.events.into_iter().zip(0u32..);
         let rejected = rejected.into_iter().zip((0u32..).map(|at| at | REJECTED));
+        let mut dropped = 0;
         for (event, old) in valid.chain(rejected) {
+            let publisher = publishers.next_if(|&(at, _)| at == old);
+            if self.orphaned(&event, stored_before) {
+                dropped += 1;
+                continue;
+            }
             let (_, slot) = self.insert_slot(event);
-            if let Some((_, publisher)) = publishers.next_if(|&(at, _)| at == old) {
+            if let Some((_, publisher)) = publisher {
                 self.attach(slot, publisher);
             }
         }
+        dropped
+    }
+
+    /// The slot of the event held with `event`'s key (of hash `hash`) among those of the same validity, if any.
+    fn find(&self, event: &ViewEvent, hash: u32, valid: bool) -> Option<u32> {
+        let (events, rejected) = (&self.events, self.rejected());
+        let held = |entry: &u64| {
+            let slot = *entry as u32;
+            (entry >> 32) as u32 == hash
+                && (slot & REJECTED == 0) == valid
+                && *slot_key(events, rejected, slot) == event.key
+        };
+        self.index
+            .find(table_hash(hash), held)
+            .map(|&entry| entry as u32)
     }
 
     /// Inserts one event in projection order. An event whose delivery key the view already holds (among events of
@@ -363,15 +408,8 @@ impl ThreadView {
         }
         let hash = key_hash(&event.key);
         let valid = project::validate(&event).ok();
-        let (events, rejected) = (&self.events, self.rejected());
-        let held = |entry: &u64| {
-            let slot = *entry as u32;
-            (entry >> 32) as u32 == hash
-                && (slot & REJECTED == 0) == valid.is_some()
-                && *slot_key(events, rejected, slot) == event.key
-        };
-        if let Some(&entry) = self.index.find(table_hash(hash), held) {
-            return (Inserted::Duplicate, entry as u32);
+        if let Some(slot) = self.find(&event, hash, valid.is_some()) {
+            return (Inserted::Duplicate, slot);
         }
         self.heap += event.heap_bytes();
         let slot = match valid {
@@ -723,8 +761,8 @@ mod tests {
         view.insert(chunk("bad", json!("bad"), "B"));
         let footprint = view.footprint();
         assert_eq!(footprint.total(), view.bytes());
-        // Capacities, not lengths: 37 events sit in a vector grown by half each time to its size class (4, 8, 14,
-        // 23, 34, 58 with 88-byte events), where doubling would have made it 64; the rejected one in a vector of 4.
+        // Capacities, not lengths: 37 events sit in a vector grown by half each time to its size class, where
+        // doubling would have made it 64; the rejected one in a vector of 4.
         let size = std::mem::size_of::<ViewEvent>();
         assert_eq!(view.events.capacity(), allocated(51 * size) / size);
         assert!(view.events.capacity() < 64);
@@ -736,7 +774,7 @@ mod tests {
         let keys: usize = view.events().map(|e| allocated(e.key.heap_bytes())).sum();
         assert_eq!(footprint.keys, keys);
         // A hydration's covered displays and a marker's uncovered one count too.
-        let mut view = ThreadView::hydrated([], ["d".to_owned(), "e".repeat(40)], view);
+        let mut view = ThreadView::hydrated([], ["d".to_owned(), "e".repeat(40)], view, 0).0;
         assert_eq!(view.footprint().total(), view.bytes());
         let before = view.bytes();
         view.fill(&["f".into()], []);
@@ -776,7 +814,9 @@ mod tests {
             [chunk("a", json!(1), "A"), chunk("b", json!(2), "B")],
             ["d".to_owned()],
             live.clone(),
-        );
+            0,
+        )
+        .0;
         assert_eq!(view.state(Epoch::at_gap(0)), ViewState::Partial);
         view.mark_complete(Epoch::at_gap(0));
         assert_eq!(view.state(Epoch::at_gap(0)), ViewState::Complete);
@@ -806,7 +846,7 @@ mod tests {
     #[test]
     fn a_marker_on_a_display_not_covered_holds_the_view_partial_until_filled() {
         let epoch = Epoch::at_gap(3);
-        let mut view = ThreadView::hydrated([], ["d".to_owned()], ThreadView::new());
+        let mut view = ThreadView::hydrated([], ["d".to_owned()], ThreadView::new(), 0).0;
         view.mark_complete(epoch);
         view.insert(marker("m1", "d"));
         assert_eq!(view.state(epoch), ViewState::Complete);
@@ -831,21 +871,63 @@ mod tests {
     }
 
     #[test]
+    fn a_hydration_drops_events_the_store_had_by_the_bound_and_no_longer_has() {
+        let arrived = |mut event: ViewEvent, at: u32| {
+            event.arrived = at;
+            event
+        };
+        let mut live = ThreadView::new();
+        // Arrived at 10 s (before the cut at 50 s), not stored: the marker goes.
+        live.insert(arrived(marker("m1", "d"), 10));
+        // A row an earlier hydration read, no longer stored: goes.
+        live.insert(chunk("old-row", json!(1), "O"));
+        // Stored: kept (the row).
+        live.insert(arrived(chunk("a", json!(20), "A"), 10));
+        // Arrived within the second of the cut: the store may not have it yet.
+        live.insert(arrived(chunk("b", json!(3), "B"), 50));
+        // An old event of a display the rows did not cover, not a marker: not judged.
+        let mut elsewhere = arrived(chunk("x", json!(5), "X"), 5);
+        elsewhere.key = DeliveryKey::from_fields([
+            "A",
+            "a",
+            "t",
+            "other",
+            "r",
+            "display_event",
+            "ChunkEvent",
+            "x",
+        ]);
+        live.insert(elsewhere);
+        // Invalid: never judged.
+        live.insert(arrived(chunk("bad", json!("not-a-number"), "?"), 5));
+        let rows = || [chunk("a", json!(20), "A")];
+        let (view, dropped) = ThreadView::hydrated(rows(), ["d".to_owned()], live.clone(), 50_000);
+        let ids: Vec<&str> = view.events().map(|e| e.key.event_id()).collect();
+        assert_eq!(dropped, 2, "{ids:?}");
+        assert_eq!(view.len(), 4, "{ids:?}");
+        assert!(!ids.contains(&"m1") && !ids.contains(&"old-row"), "{ids:?}");
+        // Without a cut nothing goes.
+        let (view, dropped) = ThreadView::hydrated(rows(), ["d".to_owned()], live, 0);
+        assert_eq!((view.len(), dropped), (6, 0));
+    }
+
+    #[test]
     fn a_view_with_a_marker_the_hydration_did_not_cover_is_partial_until_filled() {
         let mut live = ThreadView::new();
         live.insert(marker("m1", "new-display"));
-        let mut view = ThreadView::hydrated([], ["d".to_owned()], live.clone());
+        let mut view = ThreadView::hydrated([], ["d".to_owned()], live.clone(), 0).0;
         view.mark_complete(Epoch::at_gap(0));
         assert_eq!(view.state(Epoch::at_gap(0)), ViewState::Partial);
         assert!(view.needs_fill(Epoch::at_gap(0)));
-        let mut view = ThreadView::hydrated([], ["d".to_owned(), "new-display".to_owned()], live);
+        let mut view =
+            ThreadView::hydrated([], ["d".to_owned(), "new-display".to_owned()], live, 0).0;
         view.mark_complete(Epoch::at_gap(0));
         assert_eq!(view.state(Epoch::at_gap(0)), ViewState::Complete);
     }
 
     #[test]
     fn a_partial_view_is_not_filled_and_a_stale_one_is_downgraded() {
-        let mut view = ThreadView::hydrated([], ["d".to_owned()], ThreadView::new());
+        let mut view = ThreadView::hydrated([], ["d".to_owned()], ThreadView::new(), 0).0;
         view.insert(marker("m1", "elsewhere"));
         assert!(
             !view.take_fill_due(),
@@ -861,7 +943,7 @@ mod tests {
 
     #[test]
     fn a_gap_after_completion_makes_the_view_partial() {
-        let mut view = ThreadView::hydrated([], Vec::<String>::new(), ThreadView::new());
+        let mut view = ThreadView::hydrated([], Vec::<String>::new(), ThreadView::new(), 0).0;
         view.mark_complete(Epoch::at_gap(7));
         assert_eq!(view.state(Epoch::at_gap(7)), ViewState::Complete);
         assert_eq!(view.state(Epoch::at_gap(8)), ViewState::Partial);
@@ -982,7 +1064,8 @@ mod tests {
         }
         assert_eq!(live.publisher_table().len(), 0);
         assert_eq!(live.bytes(), plain.bytes());
-        let hydrated = ThreadView::hydrated([chunk("d", json!(4), "d")], ["d".to_owned()], live);
+        let hydrated =
+            ThreadView::hydrated([chunk("d", json!(4), "d")], ["d".to_owned()], live, 0).0;
         assert_eq!(hydrated.publisher_table().len(), 0);
     }
 
@@ -1021,7 +1104,9 @@ mod tests {
                 [chunk("s", json!(0), "S"), chunk("a", json!(1), "A")],
                 ["d".to_owned()],
                 live,
+                0,
             )
+            .0
         };
         let mut view = hydrate(live(true));
         let expected = [

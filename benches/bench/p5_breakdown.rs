@@ -246,7 +246,7 @@ async fn breakdown(mix: &Mix, mongo_uri: &str) -> Breakdown {
                 .filter(|e| e.is_marker())
                 .map(|e| e.key.display_id().to_owned())
                 .collect();
-            ThreadView::hydrated(Vec::new(), displays, view)
+            ThreadView::hydrated(Vec::new(), displays, view, 0).0
         })
         .collect();
     out.hydrated = out.views + delta(before);

@@ -82,8 +82,10 @@ pub async fn run(setup: Arc<Setup>) -> Vec<Row> {
         done.store(true, Ordering::Release);
         published
     };
+    let events = store.events();
     let probing = hot_thread::probe(
         &publisher,
+        &events,
         worker.base_url(),
         PROBE_THREAD,
         first_probe_at,

@@ -107,7 +107,19 @@ impl<S: StoreReads> ViewCache<S> {
         let (deferred, fill, links) = {
             let mut view = entry.lock_view(&self.metrics);
             let live = std::mem::take(&mut *view);
-            *view = ThreadView::hydrated(events, visible.displays, live);
+            // An event that arrived the bound and the clock margin before the first query (or a row read before)
+            // that the rows lack was stored once and deleted since ([design 2.1.8](../../docs/design.md#2.1.8)).
+            let margin = u64::try_from(self.checks.clocks().margin.as_millis()).unwrap_or(u64::MAX);
+            let (hydrated, orphaned) = ThreadView::hydrated(
+                events,
+                visible.displays,
+                live,
+                covers_through.saturating_sub(margin),
+            );
+            *view = hydrated;
+            if orphaned > 0 {
+                self.metrics.cache.orphaned_events(orphaned);
+            }
             // The live events merged (those waiting beside the view included, applied as it was taken) keep their
             // publishers' contexts; the hydration's span links to them.
             let links = if trace::enabled() {
@@ -177,7 +189,7 @@ impl<S: StoreReads> ViewCache<S> {
         let (visible, events) = self
             .read_thread(thread_id, Hydration::OnRead, deadline)
             .await?;
-        let mut view = ThreadView::hydrated(events, visible.displays, ThreadView::new());
+        let (mut view, _) = ThreadView::hydrated(events, visible.displays, ThreadView::new(), 0);
         let mut answer = Rendering::default().render(
             thread_id,
             &mut view,

@@ -80,6 +80,7 @@ pub struct CacheMetrics {
     hydration_slot_timeouts: IntCounter,
     thread_limit_exceeded: IntCounterVec,
     markers_skipped: IntCounter,
+    orphaned_events: IntCounter,
     rereads: IntCounterVec,
     malformed_warnings: IntCounter,
     covered_through_age_seconds: Gauge,
@@ -146,6 +147,12 @@ impl CacheMetrics {
                 "history_view_markers_skipped_total",
                 "Visibility-marker displays a hydration skipped because their display_id is not a string.",
             ),
+            orphaned_events: registrar.counter(
+                "history_view_orphaned_events_total",
+                "Live events a hydration dropped because the store no longer holds them although the \
+                 persister-lag bound says it did (created more than the bound and the clock margin before the \
+                 hydration's first query): a deleted thread or event, or a persister slower than the bound.",
+            ),
             rereads: registrar.counter_vec(
                 "history_view_background_rereads_total",
                 "Background re-reads of views held partial by the persister-lag bound, by result: complete, \
@@ -192,6 +199,10 @@ impl CacheMetrics {
             HYDRATION_RESULTS[1]
         };
         self.hydrations.with_label_values(&[result]).inc();
+    }
+
+    pub fn orphaned_events(&self, count: usize) {
+        self.orphaned_events.inc_by(count as u64);
     }
 
     pub fn views_downgraded(&self, count: u64) {
@@ -257,8 +268,10 @@ impl ShadowMetrics {
         let checks = registrar.counter_vec(
             "history_view_shadow_checks_total",
             "Shadow checks of reads answered from memory (and verify requests), by result: their worst finding, \
-             match, ahead, uncertain, window (a failure a gap followed within the window), late, differs or \
-             missing (late, differs and missing are failures); dropped (a sampled read not checked: over \
+             match, ahead, uncertain, orphaned (the view held events the store no longer has although the bound \
+             says it did: deleted, or a persister slower than the bound; healed, not a failure), window (a \
+             failure a gap followed within the window), late, differs or missing (late, differs and missing are \
+             failures); dropped (a sampled read not checked: over \
              HISTORY_VIEW_SHADOW_MAX_PER_SEC, or its thread being checked); error (the store did not answer); \
              not_complete (a verify of a view not complete, not compared); refused (a verify beyond its own \
              budget of HISTORY_VIEW_SHADOW_MAX_PER_SEC, or of a thread being verified: answered 429).",
@@ -270,7 +283,7 @@ impl ShadowMetrics {
             events: registrar.counter_vec(
                 "history_view_shadow_events_total",
                 "Rows and held events compared by shadow checks, by result: their finding, match, ahead, \
-                 uncertain, late, differs or missing, or window for a failure of a check a gap followed.",
+                 uncertain, orphaned, late, differs or missing, or window for a failure of a check a gap followed.",
                 &["result"],
             ),
             check_delay_seconds: registrar.histogram(

@@ -57,7 +57,7 @@ impl Checks {
         }
     }
 
-    fn clocks(&self) -> Clocks {
+    pub(super) fn clocks(&self) -> Clocks {
         Clocks {
             persist_lag: self.bounds.persist_lag,
             margin: self.settings.clock_margin,
@@ -149,11 +149,11 @@ impl<S: StoreReads> ViewCache<S> {
             match self.compare_with_store(&snapshot).await {
                 Ok(comparison) => {
                     let mut verdict = comparison.verdict();
-                    if verdict.is_failure() {
+                    if verdict.heals() {
                         self.heal(&snapshot.thread_id).await;
-                        if self.gap_followed(&snapshot, mark).await {
-                            verdict = Verdict::Window;
-                        }
+                    }
+                    if verdict.is_failure() && self.gap_followed(&snapshot, mark).await {
+                        verdict = Verdict::Window;
                     }
                     self.record(&snapshot.thread_id, verdict, &comparison);
                     self.metrics.shadow.check_delay(mark.at.elapsed());
@@ -338,7 +338,7 @@ impl<S: StoreReads> ViewCache<S> {
         };
         let comparison = self.compare_with_store(&snapshot).await?;
         let verdict = comparison.verdict();
-        let healed = verdict.is_failure() && self.heal(thread_id).await;
+        let healed = verdict.heals() && self.heal(thread_id).await;
         self.record(thread_id, verdict, &comparison);
         Ok(Verified::Report(VerifyReport {
             thread_id: thread_id.to_owned(),

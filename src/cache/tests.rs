@@ -14,7 +14,7 @@ use super::{
     ViewCache,
 };
 use crate::coverage::{self, Coverage};
-use crate::decode::{Decoded, ViewEvent, decode_payload};
+use crate::decode::{Decoded, STORED, ViewEvent, decode_payload};
 use crate::explain::{RowMeta, ViewFates};
 use crate::freshness::{Freshness, Part};
 use crate::metrics::Metrics;
@@ -69,8 +69,19 @@ struct FakeStore {
 }
 
 impl FakeStore {
+    /// Stores `event` as the persister would (a row read back is [`STORED`], whenever it arrived).
     fn persist(&self, event: &ViewEvent) {
-        self.rows.lock().unwrap().push(event.clone());
+        let mut row = event.clone();
+        row.arrived = STORED;
+        self.rows.lock().unwrap().push(row);
+    }
+
+    /// Deletes every row of `thread`, as aihub deletes a thread.
+    fn delete_thread(&self, thread: &str) {
+        self.rows
+            .lock()
+            .unwrap()
+            .retain(|row| row.key.thread_id() != thread);
     }
 
     fn gate(&self, query: Query) -> &Gate {
@@ -253,7 +264,11 @@ fn event_on(
     .expect("a display-event subject");
     let payload = format!(r#"{{"_parent_event_names": ["{family}"], "created_at": {at}, {data}}}"#);
     match decode_payload(key, payload.as_bytes()) {
-        Ok(Decoded::Event(event)) => event,
+        // As received live now (a stored copy is made by `FakeStore::persist`).
+        Ok(Decoded::Event(event)) => ViewEvent {
+            arrived: crate::decode::arrival(std::time::SystemTime::now()),
+            ..event
+        },
         other => panic!("a relevant event expected, got {other:?}"),
     }
 }
@@ -285,6 +300,11 @@ fn chunk(display: &str, id: &str, at: i64, text: &str) -> ViewEvent {
         at,
         &format!(r#""content": "{text}""#),
     )
+}
+
+/// The wall clock's now in nanoseconds since the Unix epoch, as a `created_at` (the paused clock does not move it).
+fn wall_ns() -> i64 {
+    i64::try_from(crate::freshness::millis(std::time::SystemTime::now())).unwrap() * 1_000_000
 }
 
 /// The cache over a fake store, NATS confirmed live at the start of (paused) time.
@@ -707,6 +727,70 @@ async fn a_shadow_check_finds_a_stored_row_the_view_lacks_and_heals_the_view() {
     assert!(body(&healed).contains("from-a-backfill"));
 }
 
+fn orphaned_events(views: &ViewCache<FakeStore>) -> f64 {
+    crate::metrics::sample(
+        &views.metrics.render(),
+        "history_view_orphaned_events_total",
+    )
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_thread_leaves_memory_by_a_shadow_check_and_its_next_hydration() {
+    let scene = Scene::shadowed();
+    scene.complete_thread().await;
+    // The turn (created long ago) arrives again live, as a replay or a late delivery would bring it.
+    scene.views.apply(user("d1", "u1", 1), None).await;
+    scene.store.delete_thread(THREAD);
+    let answer = scene.read().await.unwrap();
+    assert_eq!(answer.source, Source::Cache);
+    assert!(body(&answer).contains("answer-one"));
+    // The check, the bound after the read, finds the held turn orphaned and makes the view partial.
+    tokio::time::sleep(LAG + Duration::from_millis(100)).await;
+    settle().await;
+    assert_eq!(shadow_checks(&scene.views, "orphaned"), 1.0);
+    assert_eq!(shadow_checks(&scene.views, "missing"), 0.0);
+    // The next read hydrates and leaves the turn out, as aihub's own read does.
+    let answer = scene.read().await.unwrap();
+    assert_eq!(answer.source, Source::Store);
+    assert!(!body(&answer).contains("answer-one"), "{}", body(&answer));
+    // Its marker: the answer stays, on a display no longer visible, as the store's rows of it would be (stage 2
+    // reads only visible displays, so nothing says whether the store still has it).
+    assert_eq!(orphaned_events(&scene.views), 1.0);
+    assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hydration_drops_replayed_events_of_a_deleted_thread_and_keeps_those_the_store_may_not_have_yet()
+ {
+    let scene = Scene::new();
+    // A replay brings a deleted thread's old turn (the stream stored it ten seconds ago), and a new turn that is
+    // not stored yet.
+    let now = wall_ns();
+    let replayed = |mut event: ViewEvent| {
+        event.arrived -= 10;
+        event
+    };
+    scene.views.apply(replayed(user("d1", "u1", 1)), None).await;
+    scene
+        .views
+        .apply(replayed(chunk("d1", "c1", 2, "answer-one")), None)
+        .await;
+    scene.views.apply(user("d2", "u2", now), None).await;
+    scene
+        .views
+        .apply(chunk("d2", "c2", now + 1, "answer-two"), None)
+        .await;
+    scene.past_the_bound().await;
+    let answer = scene.read().await.unwrap();
+    assert_eq!(answer.source, Source::Store);
+    let text = body(&answer);
+    assert!(!text.contains("answer-one"), "{text}");
+    assert!(text.contains("answer-two"), "{text}");
+    // The old turn's marker; its answer stays held, on a display no longer visible.
+    assert_eq!(orphaned_events(&scene.views), 1.0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failure_followed_by_a_gap_counts_as_a_window_and_verify_reports_it_on_demand() {
     let scene = Scene::shadowed();
@@ -915,29 +999,34 @@ async fn the_publishers_contexts_of_live_events_survive_hydration_and_fill_and_e
  {
     let scene = Scene::new();
     scene.stored_turn();
-    // Live: the stored marker again (its row gets the context), an answer not stored yet, and one that waits
-    // beside the view while a holder has it; then a repeat of the answer with another context (the first stays).
+    // Live: the stored marker again (its row gets the context), an answer not stored yet (created now), and one
+    // that waits beside the view while a holder has it; then a repeat of the answer with another context (the
+    // first stays).
+    let now = wall_ns();
     scene
         .views
         .apply(user("d1", "u1", 1), Some(publisher(1)))
         .await;
     scene
         .views
-        .apply(chunk("d1", "live", 3, "later"), Some(publisher(2)))
+        .apply(chunk("d1", "live", now, "later"), Some(publisher(2)))
         .await;
     let entry = scene.views.entry(THREAD).await;
     let held = entry.lock_view(&scene.views.metrics);
     assert!(
         scene
             .views
-            .apply(chunk("d1", "waited", 4, "later still"), Some(publisher(3)))
+            .apply(
+                chunk("d1", "waited", now + 1, "later still"),
+                Some(publisher(3))
+            )
             .await
             .is_none()
     );
     drop(held);
     scene
         .views
-        .apply(chunk("d1", "live", 3, "later"), Some(publisher(9)))
+        .apply(chunk("d1", "live", now, "later"), Some(publisher(9)))
         .await;
     scene.past_the_bound().await;
     let ids = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
@@ -954,8 +1043,10 @@ async fn the_publishers_contexts_of_live_events_survive_hydration_and_fill_and_e
     );
     assert_eq!(scene.read().await.unwrap().source, Source::Cache);
     // A new turn's marker, live with a context, is filled: the fill keeps every context.
-    scene.store.persist(&chunk("d2", "c2", 5, "answer-two"));
-    let marker = user("d2", "u2", 6);
+    scene
+        .store
+        .persist(&chunk("d2", "c2", now + 2, "answer-two"));
+    let marker = user("d2", "u2", now + 3);
     scene.store.persist(&marker);
     scene.views.apply(marker, Some(publisher(4))).await;
     settle().await;

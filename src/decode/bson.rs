@@ -6,7 +6,7 @@ use mongodb::bson::raw::{RawArray, RawBsonRef};
 use serde_json::Value;
 
 use super::family::{Branch, Families, Family};
-use super::{Decoded, ErrorType, ViewEvent, body, created_at};
+use super::{Decoded, ErrorType, STORED, ViewEvent, body, created_at};
 use crate::subject::{DeliveryKey, KEY_FIELDS};
 
 /// The `event_data` fields the decoder may read: `created_at` and each family's field. The store projects only
@@ -51,6 +51,7 @@ pub fn decode_row(row: &RawDocument) -> Decoded {
         key,
         created_at,
         body: body(branch, field.as_ref()),
+        arrived: STORED,
     })
 }
 

@@ -179,6 +179,7 @@ pub fn decode_payload(key: DeliveryKey, payload: &[u8]) -> Result<Decoded, Decod
         key,
         created_at,
         body: body(branch, field.as_ref()),
+        arrived: super::STORED,
     }))
 }
 

@@ -116,12 +116,35 @@ pub enum Body {
 }
 
 /// A relevant event in compact form: what the view stores and the projector reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ViewEvent {
     pub key: DeliveryKey,
     /// `event_data.created_at` in nanoseconds, or the error aihub's ordering validation raises.
     pub created_at: Result<i64, ErrorType>,
     pub body: Body,
+    /// When the worker received it live, in whole seconds since the Unix epoch: the ingest's clock on Core NATS,
+    /// the stream's timestamp (when the server stored it) with JetStream; [`STORED`] for a stored row. Not what
+    /// the event is (equality leaves it out): what tells, with the persister-lag bound, whether the store must have
+    /// had it by a moment ([`crate::view::ThreadView::hydrated`]).
+    pub arrived: u32,
+}
+
+/// The `arrived` of an event read from the store: stored, whenever it arrived.
+pub const STORED: u32 = 0;
+
+impl PartialEq for ViewEvent {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.created_at == other.created_at && self.body == other.body
+    }
+}
+
+impl Eq for ViewEvent {}
+
+/// Whole seconds since the Unix epoch of `at`, as an event's `arrived` (at least 1: 0 is [`STORED`]).
+pub fn arrival(at: std::time::SystemTime) -> u32 {
+    at.duration_since(std::time::UNIX_EPOCH).map_or(1, |since| {
+        u32::try_from(since.as_secs()).unwrap_or(u32::MAX).max(1)
+    })
 }
 
 impl ViewEvent {

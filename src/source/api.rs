@@ -121,6 +121,8 @@ pub struct Delivery {
     pub consumer_seq: u64,
     /// Messages matching the filter still after it when it was delivered.
     pub pending: u64,
+    /// When the server stored it, as an event's `arrived` ([`crate::decode::ViewEvent::arrived`]).
+    pub arrived: u32,
 }
 
 /// The JetStream calls of the source.
@@ -380,7 +382,12 @@ impl Consumer for NatsConsumer {
             Err(error) => return Some(Err(classify_text(&error))),
         };
         let info = match message.info() {
-            Ok(info) => (info.stream_sequence, info.consumer_sequence, info.pending),
+            Ok(info) => (
+                info.stream_sequence,
+                info.consumer_sequence,
+                info.pending,
+                crate::decode::arrival(info.published.into()),
+            ),
             Err(error) => return Some(Err(ApiError::Other(error.to_string()))),
         };
         let message = message.message;
@@ -391,6 +398,7 @@ impl Consumer for NatsConsumer {
             stream_seq: info.0,
             consumer_seq: info.1,
             pending: info.2,
+            arrived: info.3,
         }))
     }
 }

@@ -259,7 +259,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                         Some((partitioning, _)) => partitioning.original_subject(subject).unwrap_or(subject),
                         None => subject,
                     };
-                    self.inner.sink.apply(subject, &delivery.payload, delivery.headers.as_ref()).await;
+                    self.inner.sink.apply(subject, &delivery.payload, delivery.headers.as_ref(), delivery.arrived).await;
                     if self.inner.settings.partitioned.is_some() {
                         self.copied_applied(delivery.headers.as_ref());
                     }

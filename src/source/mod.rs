@@ -49,12 +49,14 @@ pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
 /// Where an event goes once a source has it: subject → decode → view ([`crate::ingest::Ingest`]).
 pub trait Sink: Clone + Send + Sync + 'static {
     /// One message by its subject, payload and headers (Core NATS and JetStream both deliver headers: a
-    /// publisher's W3C trace context, [`crate::telemetry::trace::publisher_context`]).
+    /// publisher's W3C trace context, [`crate::telemetry::trace::publisher_context`]), received at `arrived`
+    /// ([`crate::decode::ViewEvent::arrived`]).
     fn apply(
         &self,
         subject: &str,
         payload: &[u8],
         headers: Option<&async_nats::HeaderMap>,
+        arrived: u32,
     ) -> impl Future<Output = ()> + Send;
 }
 

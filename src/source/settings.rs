@@ -188,7 +188,8 @@ pub struct JetStreamArgs {
     pub replicas: usize,
 
     /// Base URL of the worker owning partition {partition}, for reads of threads another worker owns (the request's
-    /// path and query are appended), e.g. http://chv-{partition}.chv-headless:8080.
+    /// path and query are appended), e.g. http://chv-{partition}.chv-headless:8080. Credentials in it
+    /// (user:password@) are dropped: a forwarded request carries the caller's Authorization.
     #[arg(id = "peer_url", value_name = "PEER_URL", long = "peer-url", env = "HISTORY_VIEW_PEER_URL", value_parser = peer_url)]
     pub peer_url: Option<String>,
 }
@@ -360,6 +361,8 @@ fn peer_url(value: &str) -> Result<String, String> {
     if !value.contains("{partition}") {
         return Err("must contain {partition} (the owner's partition number goes there)".into());
     }
+    // Never sent (hyper does not turn them into a header), and a client's debug lines would print them.
+    let value = without_userinfo(value.trim());
     let example = value.replace("{partition}", "0");
     match url::Url::parse(&example) {
         Ok(url) if url.scheme() == "http" && url.host().is_some() && url.query().is_none() => {
@@ -370,9 +373,43 @@ fn peer_url(value: &str) -> Result<String, String> {
     }
 }
 
+/// `url` without the credentials of its authority (`scheme://user:password@host` → `scheme://host`).
+fn without_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://{host}{path}"),
+        None => url.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_in_the_peer_url_are_dropped() {
+        assert_eq!(
+            peer_url("http://u:pw@chv-{partition}.svc:8080/").unwrap(),
+            "http://chv-{partition}.svc:8080"
+        );
+        assert_eq!(
+            peer_url("http://tok@chv-{partition}:8080/base").unwrap(),
+            "http://chv-{partition}:8080/base"
+        );
+        assert_eq!(
+            peer_url("http://chv-{partition}:8080").unwrap(),
+            "http://chv-{partition}:8080"
+        );
+        // An @ in the path is no credential.
+        assert_eq!(
+            peer_url("http://chv-{partition}:8080/a@b").unwrap(),
+            "http://chv-{partition}:8080/a@b"
+        );
+    }
 
     #[test]
     fn credentials_in_the_nats_url_are_redacted_for_display() {

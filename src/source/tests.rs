@@ -250,6 +250,7 @@ impl Consumer for FakeConsumer {
                         stream_seq: *seq,
                         consumer_seq: self.delivered,
                         pending: matching.len() as u64 - 1,
+                        arrived: 1,
                     }));
                 }
             }
@@ -386,7 +387,13 @@ type AppliedMessage = (String, Option<String>);
 struct Applied(Arc<Mutex<Vec<AppliedMessage>>>);
 
 impl Sink for Applied {
-    async fn apply(&self, subject: &str, _payload: &[u8], headers: Option<&async_nats::HeaderMap>) {
+    async fn apply(
+        &self,
+        subject: &str,
+        _payload: &[u8],
+        headers: Option<&async_nats::HeaderMap>,
+        _arrived: u32,
+    ) {
         let traceparent = headers
             .and_then(|headers| headers.get("traceparent"))
             .map(|value| value.as_str().to_owned());

@@ -23,7 +23,13 @@ pub type Published = (String, Bytes);
 
 /// A chunk of `thread`'s answer on display `d1`, created at `created_at`, with `text`.
 pub fn chunk(thread: &str, event_id: &str, created_at: i64, text: &str) -> Published {
-    let row = Event {
+    let row = chunk_row(thread, event_id, created_at, text);
+    (rows::subject(&row), Bytes::from(rows::payload(&row)))
+}
+
+/// [`chunk`] as aihub's persister stores it.
+fn chunk_row(thread: &str, event_id: &str, created_at: i64, text: &str) -> serde_json::Value {
+    Event {
         agent: ("Hot", "a"),
         thread,
         display: "d1",
@@ -33,8 +39,7 @@ pub fn chunk(thread: &str, event_id: &str, created_at: i64, text: &str) -> Publi
         parents: rows::CHUNK,
         created_at,
     }
-    .row(rows::chunk(text));
-    (rows::subject(&row), Bytes::from(rows::payload(&row)))
+    .row(rows::chunk(text))
 }
 
 /// `n` chunks of `thread`, with falling `created_at` if `reverse` (each one sorts before every earlier one).
@@ -97,10 +102,12 @@ impl Probes {
 }
 
 /// Publishes a probe chunk on `thread` (served by the worker at `base_url`) every [`PROBE_EVERY`] until `done` is
-/// set, reading the thread every millisecond in between until each probe shows; then waits for the probes still
-/// missing.
+/// set, and stores it in `events` right after, as aihub's persister would (a probe never stored would leave the
+/// worker's view once the persister-lag bound passed: [design 2.1.8](../../docs/design.md#2.1.8)); reads the
+/// thread every millisecond in between until each probe shows; then waits for the probes still missing.
 pub async fn probe(
     client: &async_nats::Client,
+    events: &mongodb::Collection<mongodb::bson::Document>,
     base_url: &str,
     thread: &str,
     first_created_at: i64,
@@ -120,13 +127,16 @@ pub async fn probe(
         if stopped.is_none() && Instant::now() >= next {
             let i = sent.len();
             let text = format!("<probe-{i}>");
-            let (subject, payload) =
-                chunk(thread, &format!("p{i}"), first_created_at + i as i64, &text);
+            let row = chunk_row(thread, &format!("p{i}"), first_created_at + i as i64, &text);
             let at = Instant::now();
             client
-                .publish(subject, payload)
+                .publish(rows::subject(&row), Bytes::from(rows::payload(&row)))
                 .await
                 .expect("publish a probe");
+            events
+                .insert_one(rows::document(&row))
+                .await
+                .expect("store a probe");
             sent.push((text, at));
             seen.push(None);
             next += PROBE_EVERY;

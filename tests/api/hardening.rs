@@ -239,9 +239,19 @@ async fn reads_beyond_the_in_flight_cap_answer_503_at_once() {
 const TOKEN: &str = "tok-SECRET-4f1e";
 const MONGO_PASSWORD: &str = "pw-SECRET-9a7c";
 const NATS_PASSWORD: &str = "nats-SECRET-77b2";
+const OTLP_PASSWORD: &str = "otlp-SECRET-3d5e";
+const OTLP_HEADER: &str = "hdr-SECRET-c8a1";
+const PEER_PASSWORD: &str = "peer-SECRET-61f0";
 
 fn assert_no_secret(what: &str, text: &str) {
-    for secret in [TOKEN, MONGO_PASSWORD, NATS_PASSWORD] {
+    for secret in [
+        TOKEN,
+        MONGO_PASSWORD,
+        NATS_PASSWORD,
+        OTLP_PASSWORD,
+        OTLP_HEADER,
+        PEER_PASSWORD,
+    ] {
         assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");
     }
 }
@@ -316,7 +326,27 @@ async fn secrets_are_never_printed_in_help_errors_logs_or_metrics() {
         assert_no_secret("a start-up error", &format!("{stdout}{stderr}"));
     }
 
-    // A whole run at trace level: start, reads (authorized, refused, bad input), /metrics, shutdown.
+    // A whole run at trace level with a secret in every setting that can hold one: start, reads (authorized,
+    // refused, bad input) whose spans the exporter fails to send (nothing listens at the collector's port),
+    // /metrics, shutdown.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let collector = format!(
+        "http://chv:{OTLP_PASSWORD}@{}",
+        closed.local_addr().expect("its address")
+    );
+    drop(closed);
+    let mut secrets = secrets;
+    secrets.extend([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            format!("x-api-key={OTLP_HEADER}"),
+        ),
+        (
+            "HISTORY_VIEW_PEER_URL",
+            format!("http://chv:{PEER_PASSWORD}@chv-{{partition}}.svc:8080"),
+        ),
+    ]);
     let dir = std::env::temp_dir().join(format!("chv-secrets-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temp dir");
     let stdout_path = dir.join("stdout");

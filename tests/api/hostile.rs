@@ -154,8 +154,10 @@ async fn a_hot_thread_in_reverse_order_neither_drops_events_nor_delays_other_thr
         hot_thread::publish_paced(&scene.publisher, &hot, Some(HOT_RATE)).await;
         done.store(true, Ordering::Release);
     };
+    let events = scene.store.events();
     let probing = hot_thread::probe(
         &scene.publisher,
+        &events,
         &app.api.address,
         probe_thread,
         now_ns(1),

@@ -421,3 +421,81 @@ async fn an_event_no_stream_captures_is_witnessed_on_core_and_never_missing_from
         ) >= 1.0
     );
 }
+
+/// A thread deleted from the store while its events are still in the class streams' replay window
+/// ([design 2.1.8](../../docs/design.md#2.1.8)): aihub's own read shows nothing, and so does the worker. A worker
+/// holding the thread in memory learns it from a shadow check (the held turn is `orphaned`: read from the store before,
+/// or arrived more than the bound before the read, and no longer stored), which makes the view partial; its next read hydrates and drops the
+/// turn. A worker started afterwards replays the turn from the streams, and its first read's hydration drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_deleted_within_the_replay_window_stays_deleted() {
+    let scene = Scene::new().await;
+    create_class_streams(&scene.nats.url(), ["UserAgent".into(), "A".into()]).await;
+    let settings = [
+        JETSTREAM,
+        ("HISTORY_VIEW_SHADOW_SAMPLE", "1"),
+        ("HISTORY_VIEW_JETSTREAM_REPLAY_SECS", "600"),
+    ];
+    let mut first = scene.worker(scene.nats.url(), &settings).await;
+    let thread = unique("deleted-");
+    let kept = unique("kept-");
+    // Created ten seconds ago (the persister stored them long since), published now.
+    let rows: Vec<Value> = [&thread, &kept]
+        .into_iter()
+        .flat_map(|t| {
+            [
+                user_row(t, "d1", "e1", now_ns(-10_000_000_000), "Q"),
+                chunk_row(t, "d1", "A", "e2", now_ns(-9_000_000_000), "the answer"),
+            ]
+        })
+        .collect();
+    scene.store.insert_rows(&rows).await;
+    publish_rows(&scene.publisher, &rows).await;
+    let full = turns(&[("user", "Q"), ("assistant", "the answer")]);
+    for t in [&thread, &kept] {
+        assert_eq!(messages(&read_until_cache(&first.api, t, "").await), full);
+    }
+    let deleted = scene
+        .store
+        .events()
+        .delete_many(mongodb::bson::doc! {"thread_id": &thread})
+        .await
+        .expect("the thread is deleted");
+    assert_eq!(deleted.deleted_count, 2);
+    // Until the check the view is what it was (the worker sees no deletion); then it is healed.
+    let before = first.api.history(&thread, "").await;
+    assert_eq!(before.source(), Some("cache"));
+    wait_metric(
+        &first.api,
+        "history_view_shadow_checks_total{result=\"orphaned\"}",
+        1.0,
+    )
+    .await;
+    let after = read_until_cache(&first.api, &thread, "").await;
+    assert_eq!(messages(&after), Value::Array(Vec::new()), "{}", after.body);
+    let metrics = first.api.metrics().await;
+    assert_eq!(metric(&metrics, "history_view_orphaned_events_total"), 1.0);
+    assert_eq!(
+        metric(
+            &metrics,
+            "history_view_shadow_checks_total{result=\"missing\"}"
+        ),
+        0.0
+    );
+    first.terminate();
+    first.wait_exit(Duration::from_secs(20)).await;
+
+    // A new worker replays both threads from the streams; its reads show what the store shows.
+    let second = scene.worker(scene.nats.url(), &settings).await;
+    let cold = second.api.history(&thread, "").await;
+    assert_eq!(cold.status, 200, "{}", cold.body);
+    assert_eq!(messages(&cold), Value::Array(Vec::new()), "{}", cold.body);
+    let warm = read_until_cache(&second.api, &thread, "").await;
+    assert_eq!(messages(&warm), Value::Array(Vec::new()), "{}", warm.body);
+    assert_eq!(
+        messages(&read_until_cache(&second.api, &kept, "").await),
+        full
+    );
+    let metrics = second.api.metrics().await;
+    assert_eq!(metric(&metrics, "history_view_orphaned_events_total"), 1.0);
+}
