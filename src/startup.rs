@@ -50,6 +50,8 @@ pub struct Application {
     /// JetStream with `HISTORY_VIEW_JETSTREAM_WITNESS`: the Core witness's subscription.
     witness: Option<async_nats::Subscriber>,
     connection_events: mpsc::Receiver<async_nats::Event>,
+    /// How the connection's events are logged: the address and the login, without credentials.
+    connection_log: ConnectionLog,
     coverage: Coverage,
     freshness: Freshness,
     /// The hot set's hand-over ([`crate::warm`]), on a NATS connection of its own; `None` when it is off.
@@ -104,6 +106,8 @@ impl Application {
         );
 
         let access = NatsAccess::from_settings(&config.nats)?;
+        let connection_log =
+            ConnectionLog::new(config.nats.url_for_display(), access.login_identity());
         let (events_tx, connection_events) = core::connection_events();
         let callback_coverage = coverage.clone();
         let source = config.nats.source;
@@ -209,6 +213,7 @@ impl Application {
             core,
             witness,
             connection_events,
+            connection_log,
             coverage,
             freshness,
             handover,
@@ -237,6 +242,7 @@ impl Application {
             core,
             witness,
             connection_events,
+            connection_log,
             coverage,
             freshness,
             handover,
@@ -262,7 +268,7 @@ impl Application {
             nats.clone(),
             watcher_probe,
             connection_events,
-            ConnectionLog::new(config.nats.url_for_display()),
+            connection_log,
             stop.clone(),
         ));
         tracker.spawn(

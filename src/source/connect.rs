@@ -240,6 +240,24 @@ impl NatsAccess {
     pub fn display(&self) -> &str {
         &self.display
     }
+
+    /// Who a creds file logs in as, from its user JWT's claims (public keys, no secret): `user <key> of account
+    /// <key>`. The server refuses a revoked user, an unknown or expired account, with the same bare "authorization
+    /// violation" as a wrong login; the keys tell the operator what to look up (`nsc describe user`, the account's
+    /// revocations). `None` for other logins and unreadable claims.
+    pub fn login_identity(&self) -> Option<String> {
+        let Login::Creds { jwt, .. } = &self.login else {
+            return None;
+        };
+        let claims = jwt_claims(jwt)?;
+        let user = claims.get("sub")?.as_str()?;
+        // Signed with an account's signing key, the account is named apart from the issuer.
+        let account = claims
+            .pointer("/nats/issuer_account")
+            .and_then(serde_json::Value::as_str)
+            .or_else(|| claims.get("iss")?.as_str())?;
+        Some(format!("user {user} of account {account}"))
+    }
 }
 
 /// Connects to NATS as `access` says, with the settings' name, capacity and pings, retrying the first connect (a
@@ -504,17 +522,7 @@ fn parse_creds(text: &str) -> Result<(String, KeyPair), &'static str> {
 /// # Errors
 /// When it expired or is not valid yet, with the instant (a JWT's claims are no secret).
 fn jwt_valid_at(jwt: &str, now: SystemTime) -> Result<(), String> {
-    use base64::Engine as _;
-    let Some(claims) = jwt
-        .split('.')
-        .nth(1)
-        .and_then(|payload| {
-            base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .decode(payload.trim_end_matches('='))
-                .ok()
-        })
-        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
-    else {
+    let Some(claims) = jwt_claims(jwt) else {
         return Ok(());
     };
     let now_secs = now
@@ -541,6 +549,16 @@ fn jwt_valid_at(jwt: &str, now: SystemTime) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// A JWT's claims, unverified (the server checks the signature); `None` when they cannot be read.
+fn jwt_claims(jwt: &str) -> Option<serde_json::Value> {
+    use base64::Engine as _;
+    let payload = jwt.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 /// Seconds since the epoch as an RFC 3339 UTC instant.
@@ -736,14 +754,17 @@ pub fn failure_kind(event: &Event) -> Option<&'static str> {
 pub struct ConnectionLog {
     /// `--nats-url` with its credentials replaced by `***`.
     address: String,
+    /// [`NatsAccess::login_identity`], named on an authorization violation.
+    login: Option<String>,
     /// Per failure kind: when it was last logged, and how many of it went unlogged since.
     kinds: HashMap<&'static str, (Instant, u64)>,
 }
 
 impl ConnectionLog {
-    pub fn new(address: String) -> Self {
+    pub fn new(address: String, login: Option<String>) -> Self {
         Self {
             address,
+            login,
             kinds: HashMap::new(),
         }
     }
@@ -760,10 +781,16 @@ impl ConnectionLog {
                 Event::ServerError(_) => "NATS server error",
                 _ => "cannot connect to NATS",
             };
+            // The server gives no reason: a wrong login, a user revoked by its account, an account unknown to its
+            // resolver or expired all read alike.
+            let login = (kind == "authorization_violation")
+                .then_some(self.login.as_deref())
+                .flatten();
             tracing::warn!(
                 nats_address = %self.address,
                 kind,
                 error = %event,
+                login,
                 possible_loss,
                 suppressed,
                 "{message}"

@@ -317,26 +317,47 @@ async fn a_user_and_password_from_a_file_or_in_the_url() {
     assert!(log.iter().all(|line| !line.contains(SECRET)), "{log:#?}");
 }
 
-/// Makes an operator, an account and a user with `nats-jwt` (the tools' venv): the operator's JWT, the account's
-/// public key and JWT, and the user's creds file.
+/// Makes an operator, an account and two users with `nats-jwt` (the tools' venv): the operator's JWT, the account's
+/// public key and JWT (which revokes the second user), and each user's creds file and public key.
 const MAKE_JWTS: &str = r#"
+import base64
 import json
+from datetime import datetime, timedelta
 from nats_jwt.nkeys_ext import create_account_pair, create_operator_pair, create_user_pair
 from nats_jwt.v2.account_claims import AccountClaims
 from nats_jwt.v2.operator_claims import OperatorClaims
 from nats_jwt.v2.user_claims import UserClaims
 
-operator, account, user = create_operator_pair(), create_account_pair(), create_user_pair()
-user_jwt = UserClaims(user.public_key.decode(), "chat-history-view").encode(account)
-print(json.dumps({
-    "operator": OperatorClaims(operator.public_key.decode(), "chv-test").encode(operator),
-    "account": account.public_key.decode(),
-    "account_jwt": AccountClaims(account.public_key.decode(), "aihub").encode(operator),
-    "creds": "-----BEGIN NATS USER JWT-----\n" + user_jwt + "\n------END NATS USER JWT------\n\n"
+def creds(user, name):
+    jwt = UserClaims(user.public_key.decode(), name).encode(account)
+    return ("-----BEGIN NATS USER JWT-----\n" + jwt + "\n------END NATS USER JWT------\n\n"
         "************************* IMPORTANT *************************\n"
         "NKEY Seed printed below can be used to sign and prove identity.\n"
         "NKEYs are sensitive and should be treated as secrets.\n\n"
-        "-----BEGIN USER NKEY SEED-----\n" + user.seed.decode() + "\n------END USER NKEY SEED------\n",
+        "-----BEGIN USER NKEY SEED-----\n" + user.seed.decode() + "\n------END USER NKEY SEED------\n")
+
+operator, account = create_operator_pair(), create_account_pair()
+user, revoked = create_user_pair(), create_user_pair()
+def b64(data):
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+def revoking(account_jwt, user_key):
+    # The account's JWT again with a revocation of every JWT of `user_key` issued before a minute from now (nats-jwt
+    # does not write its revocations out), signed by the operator.
+    header, payload, _ = account_jwt.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims["nats"]["revocations"] = {user_key: int((datetime.now() + timedelta(minutes=1)).timestamp())}
+    signed = header + "." + b64(json.dumps(claims).encode())
+    return signed + "." + b64(operator.sign(signed.encode()))
+
+account_jwt = revoking(AccountClaims(account.public_key.decode(), "aihub").encode(operator), revoked.public_key.decode())
+print(json.dumps({
+    "operator": OperatorClaims(operator.public_key.decode(), "chv-test").encode(operator),
+    "account": account.public_key.decode(),
+    "account_jwt": account_jwt,
+    "creds": creds(user, "chat-history-view"),
+    "revoked_creds": creds(revoked, "revoked"),
+    "revoked_user": revoked.public_key.decode(),
 }))
 "#;
 
@@ -386,6 +407,30 @@ async fn a_creds_file_against_nats_in_operator_mode() {
         lines
             .iter()
             .all(|line| line.contains(r#""kind":"authorization_violation""#)),
+        "{lines:#?}"
+    );
+    drop(refused);
+
+    // A user its account revoked: the server says only "authorization violation", so the line names the user and
+    // the account to look up.
+    let revoked = files.write("revoked.creds", &text("revoked_creds"));
+    let refused = worker(
+        nats.url(),
+        &[("HISTORY_VIEW_NATS_CREDS_FILE", revoked)],
+        &mongo,
+        &database,
+    )
+    .await;
+    let lines = failures_after_retries(&refused, "client_error", 3).await;
+    let login = format!(
+        r#""login":"user {} of account {}""#,
+        text("revoked_user"),
+        text("account")
+    );
+    assert!(
+        lines.iter().all(|line| {
+            line.contains(r#""kind":"authorization_violation""#) && line.contains(&login)
+        }),
         "{lines:#?}"
     );
 }

@@ -482,7 +482,7 @@ fn failures_are_told_by_kind() {
 
 #[test]
 fn each_kind_of_failure_is_logged_at_most_once_per_interval_with_the_count_it_skipped() {
-    let mut log = ConnectionLog::new("nats://***@h:4222".to_owned());
+    let mut log = ConnectionLog::new("nats://***@h:4222".to_owned(), None);
     let start = Instant::now();
     let at = |secs: u64| start + Duration::from_secs(secs);
     assert_eq!(log.allow("authorization_violation", at(0)), Some(0));
