@@ -18,6 +18,15 @@ const READ_EVERY: Duration = Duration::from_millis(1);
 /// A probe not visible this long after the hot thread's last publish counts as lost.
 const GIVE_UP: Duration = Duration::from_secs(2);
 
+/// The wall clock in nanoseconds since the Unix epoch.
+fn wall_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            i64::try_from(since.as_nanos()).unwrap_or(i64::MAX)
+        })
+}
+
 /// A message as published: subject and payload.
 pub type Published = (String, Bytes);
 
@@ -127,7 +136,11 @@ pub async fn probe(
         if stopped.is_none() && Instant::now() >= next {
             let i = sent.len();
             let text = format!("<probe-{i}>");
-            let row = chunk_row(thread, &format!("p{i}"), first_created_at + i as i64, &text);
+            // Created as it is published, as aihub's events are (the shadow checks read `created_at` as the publish
+            // time: a row stored after a read whose `created_at` is older than the bound is judged late), and after
+            // the probes before it.
+            let created_at = wall_ns().max(first_created_at + i as i64);
+            let row = chunk_row(thread, &format!("p{i}"), created_at, &text);
             let at = Instant::now();
             client
                 .publish(rows::subject(&row), Bytes::from(rows::payload(&row)))
