@@ -170,6 +170,8 @@ impl Ingest {
                 match self.views.apply(event, publisher()).await {
                     Some(Inserted::Added) => EventOutcome::Relevant,
                     Some(Inserted::Duplicate) => EventOutcome::Duplicate,
+                    // Counted by the cache as orphaned.
+                    Some(Inserted::Orphaned) => EventOutcome::Relevant,
                     // Counted by the view's holder when it applies the event.
                     None => return None,
                 }

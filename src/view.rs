@@ -40,6 +40,10 @@ pub enum Inserted {
     Added,
     /// The view already held an event with this delivery key; the first one stays.
     Duplicate,
+    /// A live event the view's last store read should have returned and did not: it arrived before the read's
+    /// cut ([`ThreadView::hydrated`]), so the store had it and no longer has it. Dropped, as that read would have
+    /// dropped it had it arrived first (a JetStream replay still delivering a deleted thread's events).
+    Orphaned,
 }
 
 /// Per-event bookkeeping beyond the event itself, for a store read's byte budget: its slot in the key index (with
@@ -146,6 +150,9 @@ pub struct ThreadView {
     extra: Option<Box<Extra>>,
     /// Whether the view was built by a hydration (so `covered` means something).
     hydrated: bool,
+    /// The last hydration's cut in whole seconds since the Unix epoch (its `stored_before`, rounded down): a live
+    /// event that arrived a whole second before it and is not held is [`Inserted::Orphaned`]. 0: none.
+    stored_before_secs: u32,
     /// Set when an insert made a display uncovered while the view was complete: the cache fills it (see
     /// [`ThreadView::take_fill_due`]).
     fill_due: bool,
@@ -184,6 +191,7 @@ impl Default for ThreadView {
             heap: 0,
             complete_at: None,
             hydrated: false,
+            stored_before_secs: 0,
             fill_due: false,
             version: 0,
         }
@@ -276,6 +284,7 @@ impl ThreadView {
     ) -> (Self, usize) {
         let mut view = ThreadView::new();
         view.hydrated = true;
+        view.stored_before_secs = u32::try_from(stored_before / 1000).unwrap_or(u32::MAX);
         let covered: HashSet<Box<str>> = covered.into_iter().map(String::into_boxed_str).collect();
         if !covered.is_empty() {
             view.heap += covered.iter().map(|d| allocated(d.len())).sum::<usize>();
@@ -382,6 +391,12 @@ impl ThreadView {
         event: ViewEvent,
         publisher: Option<PublisherContext>,
     ) -> Inserted {
+        if self.stored_before_secs > 0
+            && event.arrived != crate::decode::STORED
+            && self.orphaned(&event, u64::from(self.stored_before_secs) * 1000)
+        {
+            return Inserted::Orphaned;
+        }
         let (inserted, slot) = self.insert_slot(event);
         if let (Inserted::Added, Some(publisher)) = (inserted, publisher) {
             self.attach(slot, publisher);
@@ -907,8 +922,25 @@ mod tests {
         assert_eq!(view.len(), 4, "{ids:?}");
         assert!(!ids.contains(&"m1") && !ids.contains(&"old-row"), "{ids:?}");
         // Without a cut nothing goes.
-        let (view, dropped) = ThreadView::hydrated(rows(), ["d".to_owned()], live, 0);
+        let (view, dropped) = ThreadView::hydrated(rows(), ["d".to_owned()], live.clone(), 0);
         assert_eq!((view.len(), dropped), (6, 0));
+        // A live event that arrives after the hydration is judged by the same cut (a replay still delivering).
+        let (mut view, _) =
+            ThreadView::hydrated(rows(), ["d".to_owned()], ThreadView::new(), 50_000);
+        assert_eq!(
+            view.insert_live(arrived(chunk("late", json!(30), "L"), 10), None),
+            Inserted::Orphaned
+        );
+        assert_eq!(
+            view.insert_live(arrived(chunk("new", json!(31), "N"), 50), None),
+            Inserted::Added
+        );
+        // Held already: a duplicate, as before.
+        assert_eq!(
+            view.insert_live(arrived(chunk("a", json!(20), "A"), 10), None),
+            Inserted::Duplicate
+        );
+        assert_eq!(view.len(), 2);
     }
 
     #[test]

@@ -137,6 +137,10 @@ impl<'a> ViewGuard<'a> {
             let outcome = match self.insert_live(event, publisher) {
                 Inserted::Added => EventOutcome::Relevant,
                 Inserted::Duplicate => EventOutcome::Duplicate,
+                Inserted::Orphaned => {
+                    self.metrics.cache.orphaned_events(1);
+                    EventOutcome::Relevant
+                }
             };
             self.metrics.ingest.event(outcome);
         }

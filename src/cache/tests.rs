@@ -789,6 +789,13 @@ async fn a_hydration_drops_replayed_events_of_a_deleted_thread_and_keeps_those_t
     assert!(text.contains("answer-two"), "{text}");
     // The old turn's marker; its answer stays held, on a display no longer visible.
     assert_eq!(orphaned_events(&scene.views), 1.0);
+    // The replay goes on after the hydration: an old event of the deleted turn is judged by its cut too.
+    scene
+        .views
+        .apply(replayed(user("d2", "u-old", 1)), None)
+        .await;
+    assert_eq!(body(&scene.read().await.unwrap()), text);
+    assert_eq!(orphaned_events(&scene.views), 2.0);
 }
 
 #[tokio::test(start_paused = true)]
