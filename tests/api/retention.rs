@@ -413,12 +413,16 @@ async fn diagnostics(api: &Api) -> String {
         "history_view_hydration_slot_timeouts",
         "history_view_read_routes",
     ];
-    api.metrics()
+    let metrics = api
+        .metrics()
         .await
         .lines()
         .filter(|l| !l.starts_with('#') && FAMILIES.iter().any(|f| l.starts_with(f)))
         .collect::<Vec<_>>()
-        .join("\n")
+        .join("\n");
+    // Readiness names what holds the source behind (which lane, and why).
+    let readiness = api.get("/readyz", &[]).await.body;
+    format!("{metrics}\n/readyz: {readiness}")
 }
 
 /// Reads `thread` through `api` until it is served from memory equal to the reference, judging every answer on
