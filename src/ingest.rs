@@ -168,10 +168,9 @@ impl Ingest {
                     self.metrics.ingest.lag(created_at);
                 }
                 match self.views.apply(event, publisher()).await {
-                    Some(Inserted::Added) => EventOutcome::Relevant,
+                    // An orphan is counted as such by the cache.
+                    Some(Inserted::Added | Inserted::Orphaned) => EventOutcome::Relevant,
                     Some(Inserted::Duplicate) => EventOutcome::Duplicate,
-                    // Counted by the cache as orphaned.
-                    Some(Inserted::Orphaned) => EventOutcome::Relevant,
                     // Counted by the view's holder when it applies the event.
                     None => return None,
                 }

@@ -391,10 +391,7 @@ impl ThreadView {
         event: ViewEvent,
         publisher: Option<PublisherContext>,
     ) -> Inserted {
-        if self.stored_before_secs > 0
-            && event.arrived != crate::decode::STORED
-            && self.orphaned(&event, u64::from(self.stored_before_secs) * 1000)
-        {
+        if self.orphaned(&event, u64::from(self.stored_before_secs) * 1000) {
             return Inserted::Orphaned;
         }
         let (inserted, slot) = self.insert_slot(event);

@@ -123,6 +123,16 @@ impl<'a> ViewGuard<'a> {
         guard
     }
 
+    /// [`ThreadView::insert_live`], counting an event it drops as orphaned: the one place both live paths (applied
+    /// at once, or waiting beside the view) insert through.
+    fn insert_live(&mut self, event: ViewEvent, publisher: Option<PublisherContext>) -> Inserted {
+        let inserted = (**self).insert_live(event, publisher);
+        if inserted == Inserted::Orphaned {
+            self.metrics.cache.orphaned_events(1);
+        }
+        inserted
+    }
+
     /// Inserts the waiting events, in arrival order, counting each as the live path would have.
     fn apply_waiting(&mut self) {
         if !self.entry.has_waiting.load(Ordering::Acquire) {
@@ -135,12 +145,9 @@ impl<'a> ViewGuard<'a> {
         };
         for (event, publisher) in waiting {
             let outcome = match self.insert_live(event, publisher) {
-                Inserted::Added => EventOutcome::Relevant,
+                // An orphan is counted as such by the insert.
+                Inserted::Added | Inserted::Orphaned => EventOutcome::Relevant,
                 Inserted::Duplicate => EventOutcome::Duplicate,
-                Inserted::Orphaned => {
-                    self.metrics.cache.orphaned_events(1);
-                    EventOutcome::Relevant
-                }
             };
             self.metrics.ingest.event(outcome);
         }

@@ -289,9 +289,6 @@ impl<S: StoreReads> ViewCache<S> {
     ) -> Option<Inserted> {
         let entry = self.entry(event.key.thread_id()).await;
         let applied = entry.apply_live(event, publisher, &self.metrics);
-        if let Some((Inserted::Orphaned, _)) = applied {
-            self.metrics.cache.orphaned_events(1);
-        }
         if self.leave_if_too_large(&entry, LimitPath::Live).await {
             return applied.map(|(inserted, _)| inserted);
         }
