@@ -20,7 +20,7 @@ pub use crate::source::settings::{
 pub use crate::store::{DEFAULT_FILL_INDEX_HINT, DEFAULT_INDEX_HINT, StoreBounds, StoreSettings};
 pub use crate::telemetry::trace::TraceSettings;
 pub use crate::telemetry::{LogFormat, LogSettings};
-pub use crate::warm::WarmSettings;
+pub use crate::warm_up::WarmSettings;
 
 /// chat-history-view: serves aihub chat histories from a live view of NATS display events, falling back to the
 /// `agent_events` collection in MongoDB. Every setting is a flag or its HISTORY_VIEW_* variable; durations take

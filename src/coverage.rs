@@ -6,7 +6,7 @@
 //! - the first confirmed round trip after the subscription was (re)established ([`Coverage::confirm_live`]);
 //! - the handling of the last gap signal ([`Coverage::gap`], [`Coverage::disconnected`]);
 //! - the removal of the thread's previous cache entry, recorded when it is dropped ([`Coverage::entry_dropped`]), or
-//!   the creation of the current one while an entry of its bucket may still be alive ([`Coverage::entry_created`]);
+//!   the creation of the current one while that previous entry may still be alive ([`Coverage::entry_created`]);
 //! - the end of the last store outage ([`Coverage::store_failed`], [`Coverage::store_answered`]).
 //!
 //! An event published before the coverage start is in the store once aihub's persister wrote it, which it does
@@ -14,9 +14,10 @@
 //! read that started at least that bound after the coverage start, merged with the live events, holds every event
 //! of the thread: [`Coverage::verdict`].
 //!
-//! Removals are remembered per bucket of thread ids (fixed arrays of a stamp and a count of live entries, so the
-//! memory never fills up): a removal in a bucket counts for every thread of the bucket, which is conservative,
-//! never wrong.
+//! Removals are remembered per bucket of thread ids (fixed arrays of a stamp and of the live entries' count and
+//! tags, so the memory never fills up): a removal in a bucket counts for every thread of the bucket, which is
+//! conservative, never wrong. An entry alive beside a new one delays the new one only if it may be the same
+//! thread's: the bucket's tags tell one other thread's entry from the thread's own.
 //!
 //! Time is a [`Stamp`] on tokio's monotonic clock ([`tokio::time::Instant`]), the one clock of the read path: its
 //! stamps, timers and deadlines. The rules take `now` from their caller, so they are tested with a hand-driven clock;
@@ -25,7 +26,7 @@
 //! [design 2.1.1]: ../docs/design.md#2.1.1
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -68,16 +69,32 @@ fn nanos(duration: Duration) -> u64 {
 /// How far before the origin stamps reach: a day, more than any replay window.
 const BEFORE_ORIGIN_NS: u64 = 86_400 * 1_000_000_000;
 
-/// Buckets of thread ids for the removal memory: 64 Ki buckets (512 KiB). A removal delays completion for the
-/// threads that share its bucket, so more buckets mean fewer needless deferrals under eviction churn.
+/// Buckets of thread ids for the removal memory: 64 Ki buckets (1 MiB: a stamp and a word of live entries each). A
+/// removal delays completion for the threads that share its bucket, so more buckets mean fewer needless deferrals
+/// under eviction churn.
 const REMOVAL_BUCKETS: usize = 1 << 16;
+
+/// The bits of a bucket's live-entry word that count its entries; the others hold the wrapping sum of their tags.
+const COUNT_BITS: u32 = 16;
 
 /// Which removal bucket a thread falls in.
 pub fn bucket(thread_id: &str) -> usize {
+    bucket_and_tag(thread_id).0
+}
+
+/// The thread's bucket (the low bits of its hash) and its tag within the bucket (the other 48 bits).
+fn bucket_and_tag(thread_id: &str) -> (usize, u64) {
     let mut hasher = DefaultHasher::new();
     thread_id.hash(&mut hasher);
+    let hash = hasher.finish();
     // Truncation is the point: the low bits pick the bucket.
-    (hasher.finish() as usize) & (REMOVAL_BUCKETS - 1)
+    ((hash as usize) & (REMOVAL_BUCKETS - 1), hash >> COUNT_BITS)
+}
+
+/// What one live entry of a thread with `tag` adds to its bucket's live-entry word: one to the count, its tag to the
+/// sum (a 16-bit count cannot carry into the sum: a bucket never holds 65,536 live entries).
+fn live_entry(tag: u64) -> u64 {
+    (tag << COUNT_BITS) | 1
 }
 
 /// What a complete view is complete against: the last gap, and the last removal in its thread's bucket. When
@@ -107,7 +124,7 @@ pub struct ReadStart {
 
 /// Whether a view whose store read started at a [`ReadStart`] may be marked complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum ReadVerdict {
     /// The read started at least the bound after the thread's coverage start: complete as of this epoch.
     Complete(Epoch),
     /// The read started too early; a read starting at this moment (or later) can be complete, unless the coverage
@@ -140,8 +157,9 @@ struct Inner {
     store_ok_since: AtomicU64,
     /// Per bucket of thread ids, the moment the last cache entry was dropped; strictly increasing per bucket.
     removals: Box<[AtomicU64]>,
-    /// Per bucket of thread ids, the cache entries alive now (created and not yet dropped).
-    alive: Box<[AtomicU32]>,
+    /// Per bucket of thread ids, the cache entries alive now (created and not yet dropped): their count in the low
+    /// [`COUNT_BITS`], the wrapping sum of their threads' tags above, so that one atomic add records both.
+    alive: Box<[AtomicU64]>,
     catch_up: CatchUp,
 }
 
@@ -169,7 +187,7 @@ impl Coverage {
                 last_gap: AtomicU64::new(0),
                 store_ok_since: AtomicU64::new(0),
                 removals: (0..REMOVAL_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
-                alive: (0..REMOVAL_BUCKETS).map(|_| AtomicU32::new(0)).collect(),
+                alive: (0..REMOVAL_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
                 catch_up: CatchUp::new(),
             }),
         }
@@ -270,24 +288,29 @@ impl Coverage {
         self.inner.last_gap.load(Ordering::Acquire)
     }
 
-    /// A cache entry of a thread in `bucket` is created at `now`. Returns the floor of its coverage start: `now` if
-    /// another entry of the bucket is alive (it may be this thread's previous entry, removed from the cache but not
-    /// dropped yet, holding events the new one never sees), otherwise nothing (the previous entry, if any, was
-    /// dropped and recorded already).
-    pub fn entry_created(&self, bucket: usize, now: Stamp) -> Stamp {
-        if self.inner.alive[bucket].fetch_add(1, Ordering::AcqRel) > 0 {
-            now
-        } else {
+    /// A cache entry of `thread_id` is created at `now`. Returns the floor of its coverage start: `now` if the
+    /// thread's previous entry may be alive (removed from the cache but not dropped yet, holding events the new one
+    /// never sees), otherwise nothing (the previous entry, if any, was dropped and recorded already). It may be
+    /// alive unless the bucket holds no other live entry, or one whose tag is not the thread's: a bucket shared with
+    /// another thread's entry (one in 65,536 for each entry held) costs no deferral.
+    pub fn entry_created(&self, thread_id: &str, now: Stamp) -> Stamp {
+        let (bucket, tag) = bucket_and_tag(thread_id);
+        let before = self.inner.alive[bucket].fetch_add(live_entry(tag), Ordering::AcqRel);
+        let (count, tags) = (before & ((1 << COUNT_BITS) - 1), before >> COUNT_BITS);
+        if count == 0 || (count == 1 && tags != tag) {
             Stamp(0)
+        } else {
+            now
         }
     }
 
     /// A cache entry of a thread in `bucket` is dropped at `now` (the cache let go of it and nothing holds it any
     /// more): its events are gone with it, so the thread's next entry covers it from `now` only. Every event
     /// applied to it was applied before this moment.
-    pub fn entry_dropped(&self, bucket: usize, now: Stamp) {
+    pub fn entry_dropped(&self, thread_id: &str, now: Stamp) {
+        let (bucket, tag) = bucket_and_tag(thread_id);
         self.removed(bucket, now);
-        self.inner.alive[bucket].fetch_sub(1, Ordering::AcqRel);
+        self.inner.alive[bucket].fetch_sub(live_entry(tag), Ordering::AcqRel);
     }
 
     /// An event of a thread in `bucket` may have been missed (the Core witness saw it, no stream delivered it): its
@@ -339,14 +362,14 @@ impl Coverage {
     /// Judges, once the read has finished, whether the view it built may be complete: only if the read started at
     /// least the bound after the thread's coverage start as it stands now (a gap, disconnect or removal during the
     /// read moves the coverage start past the read's start, so the read cannot count).
-    pub fn verdict(&self, start: &ReadStart) -> Verdict {
+    pub fn verdict(&self, start: &ReadStart) -> ReadVerdict {
         // The epoch is read first: if anything moves after this, the recorded epoch is already stale and the view
         // is partial at its next read.
         let epoch = self.epoch(start.bucket);
         let live_since = self.inner.live_since.load(Ordering::Acquire);
         let store_ok_since = self.inner.store_ok_since.load(Ordering::Acquire);
         if live_since == Stamp::NEVER || store_ok_since == Stamp::NEVER {
-            return Verdict::Uncovered;
+            return ReadVerdict::Uncovered;
         }
         let coverage_start = Stamp(
             live_since
@@ -357,9 +380,9 @@ impl Coverage {
         );
         let earliest = coverage_start.plus(self.inner.lag);
         if start.at >= earliest {
-            Verdict::Complete(epoch)
+            ReadVerdict::Complete(epoch)
         } else {
-            Verdict::Deferred(earliest)
+            ReadVerdict::Deferred(earliest)
         }
     }
 
@@ -399,7 +422,7 @@ mod tests {
         coverage
     }
 
-    fn verdict_of_read_at(coverage: &Coverage, bucket: usize, at: Stamp) -> Verdict {
+    fn verdict_of_read_at(coverage: &Coverage, bucket: usize, at: Stamp) -> ReadVerdict {
         coverage.verdict(&coverage.read_start(bucket, Stamp(0), at))
     }
 
@@ -408,7 +431,7 @@ mod tests {
         let coverage = Coverage::new(LAG);
         assert_eq!(
             verdict_of_read_at(&coverage, 0, ms(10_000)),
-            Verdict::Uncovered
+            ReadVerdict::Uncovered
         );
         assert!(!coverage.is_live());
     }
@@ -418,11 +441,11 @@ mod tests {
         let coverage = live_at(ms(1_000));
         assert_eq!(
             verdict_of_read_at(&coverage, 0, ms(2_999)),
-            Verdict::Deferred(ms(3_000))
+            ReadVerdict::Deferred(ms(3_000))
         );
         assert!(matches!(
             verdict_of_read_at(&coverage, 0, ms(3_000)),
-            Verdict::Complete(_)
+            ReadVerdict::Complete(_)
         ));
     }
 
@@ -434,11 +457,11 @@ mod tests {
         assert_ne!(coverage.epoch(7), before, "complete views become partial");
         assert_eq!(
             verdict_of_read_at(&coverage, 7, ms(6_000)),
-            Verdict::Deferred(ms(7_000))
+            ReadVerdict::Deferred(ms(7_000))
         );
         assert!(matches!(
             verdict_of_read_at(&coverage, 7, ms(7_000)),
-            Verdict::Complete(_)
+            ReadVerdict::Complete(_)
         ));
     }
 
@@ -447,7 +470,7 @@ mod tests {
         let coverage = live_at(ms(0));
         let start = coverage.read_start(1, Stamp(0), ms(10_000));
         coverage.gap(ms(10_001));
-        assert_eq!(coverage.verdict(&start), Verdict::Deferred(ms(12_001)));
+        assert_eq!(coverage.verdict(&start), ReadVerdict::Deferred(ms(12_001)));
     }
 
     #[test]
@@ -467,7 +490,7 @@ mod tests {
         assert!(!coverage.is_live());
         assert_eq!(
             verdict_of_read_at(&coverage, 0, ms(9_000)),
-            Verdict::Uncovered
+            ReadVerdict::Uncovered
         );
         // A probe sent before the disconnect proves nothing about the new connection.
         assert!(!coverage.confirm_live(stale_probe, ms(5_000)));
@@ -477,7 +500,7 @@ mod tests {
         assert!(!coverage.confirm_live(probe, ms(7_000)));
         assert_eq!(
             verdict_of_read_at(&coverage, 0, ms(7_000)),
-            Verdict::Deferred(ms(8_000))
+            ReadVerdict::Deferred(ms(8_000))
         );
     }
 
@@ -488,17 +511,17 @@ mod tests {
         assert_ne!(evicted, other, "the two test threads share a bucket");
         let other_epoch = coverage.epoch(other);
         let evicted_epoch = coverage.epoch(evicted);
-        assert_eq!(coverage.entry_created(evicted, ms(1)), Stamp(0));
-        coverage.entry_dropped(evicted, ms(10_000));
+        assert_eq!(coverage.entry_created("thread-a", ms(1)), Stamp(0));
+        coverage.entry_dropped("thread-a", ms(10_000));
         assert_eq!(coverage.epoch(other), other_epoch);
         assert_ne!(coverage.epoch(evicted), evicted_epoch);
         assert_eq!(
             verdict_of_read_at(&coverage, evicted, ms(11_000)),
-            Verdict::Deferred(ms(12_000))
+            ReadVerdict::Deferred(ms(12_000))
         );
         assert!(matches!(
             verdict_of_read_at(&coverage, other, ms(11_000)),
-            Verdict::Complete(_)
+            ReadVerdict::Complete(_)
         ));
     }
 
@@ -507,11 +530,11 @@ mod tests {
         // The removal of an older entry may be recorded after the next entry was hydrated; the epoch catches it.
         let coverage = live_at(ms(0));
         let b = bucket("t");
-        let Verdict::Complete(epoch) = verdict_of_read_at(&coverage, b, ms(5_000)) else {
+        let ReadVerdict::Complete(epoch) = verdict_of_read_at(&coverage, b, ms(5_000)) else {
             panic!("complete expected");
         };
-        coverage.entry_created(b, ms(1));
-        coverage.entry_dropped(b, ms(5_001));
+        coverage.entry_created("t", ms(1));
+        coverage.entry_dropped("t", ms(5_001));
         assert_ne!(coverage.epoch(b), epoch);
     }
 
@@ -520,23 +543,49 @@ mod tests {
         let coverage = live_at(ms(0));
         let b = bucket("t");
         // The thread's previous entry: out of the cache, but still held (not dropped, not recorded yet).
-        assert_eq!(coverage.entry_created(b, ms(100)), Stamp(0));
-        let floor = coverage.entry_created(b, ms(9_000));
+        assert_eq!(coverage.entry_created("t", ms(100)), Stamp(0));
+        let floor = coverage.entry_created("t", ms(9_000));
         assert_eq!(floor, ms(9_000));
         let start = coverage.read_start(b, floor, ms(9_500));
-        assert_eq!(coverage.verdict(&start), Verdict::Deferred(ms(11_000)));
+        assert_eq!(coverage.verdict(&start), ReadVerdict::Deferred(ms(11_000)));
         // Once both are gone, a new entry needs no floor of its own: the drops are recorded.
-        coverage.entry_dropped(b, ms(9_600));
-        coverage.entry_dropped(b, ms(9_700));
-        assert_eq!(coverage.entry_created(b, ms(12_000)), Stamp(0));
+        coverage.entry_dropped("t", ms(9_600));
+        coverage.entry_dropped("t", ms(9_700));
+        assert_eq!(coverage.entry_created("t", ms(12_000)), Stamp(0));
         assert_eq!(
             verdict_of_read_at(&coverage, b, ms(11_000)),
-            Verdict::Deferred(ms(11_700))
+            ReadVerdict::Deferred(ms(11_700))
         );
         assert!(matches!(
             verdict_of_read_at(&coverage, b, ms(12_000)),
-            Verdict::Complete(_)
+            ReadVerdict::Complete(_)
         ));
+    }
+
+    /// A thread other than `thread` in its bucket.
+    fn neighbour_of(thread: &str) -> String {
+        (0..)
+            .map(|i| format!("n{i}"))
+            .find(|other| bucket(other) == bucket(thread))
+            .expect("some id shares the bucket")
+    }
+
+    #[test]
+    fn an_entry_beside_another_threads_entry_of_its_bucket_needs_no_floor() {
+        let coverage = live_at(ms(0));
+        let neighbour = neighbour_of("t");
+        assert_eq!(coverage.entry_created(&neighbour, ms(100)), Stamp(0));
+        // The one entry alive in the bucket is another thread's: no previous entry of "t" can be alive.
+        assert_eq!(coverage.entry_created("t", ms(9_000)), Stamp(0));
+        // The thread's own second entry, beside its first and the neighbour's: it may be its previous one.
+        assert_eq!(coverage.entry_created("t", ms(9_500)), ms(9_500));
+        // With the neighbour's gone, the thread's first entry alone is alive beside a new one: its own.
+        coverage.entry_dropped(&neighbour, ms(9_600));
+        coverage.entry_dropped("t", ms(9_700));
+        assert_eq!(coverage.entry_created("t", ms(9_800)), ms(9_800));
+        coverage.entry_dropped("t", ms(9_900));
+        coverage.entry_dropped("t", ms(10_000));
+        assert_eq!(coverage.entry_created(&neighbour, ms(10_100)), Stamp(0));
     }
 
     #[test]
@@ -545,18 +594,18 @@ mod tests {
         coverage.store_failed();
         assert_eq!(
             verdict_of_read_at(&coverage, 0, ms(9_000)),
-            Verdict::Uncovered
+            ReadVerdict::Uncovered
         );
         coverage.store_answered(ms(9_500));
         // Answers while the store is healthy do not move the start.
         coverage.store_answered(ms(9_900));
         assert_eq!(
             verdict_of_read_at(&coverage, 0, ms(10_000)),
-            Verdict::Deferred(ms(11_500))
+            ReadVerdict::Deferred(ms(11_500))
         );
         assert!(matches!(
             verdict_of_read_at(&coverage, 0, ms(11_500)),
-            Verdict::Complete(_)
+            ReadVerdict::Complete(_)
         ));
     }
 
@@ -566,11 +615,11 @@ mod tests {
         assert!(coverage.confirm_live(0, ms(100)));
         assert_eq!(
             verdict_of_read_at(&coverage, 0, ms(99)),
-            Verdict::Deferred(ms(100))
+            ReadVerdict::Deferred(ms(100))
         );
         assert!(matches!(
             verdict_of_read_at(&coverage, 0, ms(100)),
-            Verdict::Complete(_)
+            ReadVerdict::Complete(_)
         ));
     }
 

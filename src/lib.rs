@@ -56,4 +56,4 @@ pub mod store;
 pub mod subject;
 pub mod telemetry;
 pub mod view;
-pub mod warm;
+pub mod warm_up;

@@ -25,7 +25,7 @@ use crate::http::HttpMetrics;
 use crate::ingest::IngestMetrics;
 use crate::source::SourceMetrics;
 use crate::store::StoreMetrics;
-use crate::warm::WarmMetrics;
+use crate::warm_up::WarmMetrics;
 
 /// Buckets of the read and store-query durations, in seconds: from a read answered from memory to the store timeout.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -341,7 +341,7 @@ mod tests {
     /// order is not pinned (the exposition sorts by name).
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 53] = [
+        let pinned: [(&str, &[&str]); 54] = [
             ("history_view_build_info", &["version"]),
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
@@ -349,6 +349,7 @@ mod tests {
             ("history_view_cache_misses_total", &[]),
             ("history_view_hydrations_total", &["result"]),
             ("history_view_views_downgraded_total", &[]),
+            ("history_view_unproven_reads_total", &[]),
             ("history_view_cache_entries", &[]),
             ("history_view_cache_weighted_bytes", &[]),
             ("history_view_store_query_duration_seconds", &["stage"]),

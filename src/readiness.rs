@@ -2,7 +2,7 @@
 //! round trip, see [`Coverage`]) and the store answered a ping recently, and whether it should be sent any: not
 //! once it is shutting down, nor while it warms up its cache. The ingest loop reports the subscription; a background
 //! task pings the store (the store itself tells [`Coverage`] of outages, as for every query); the warm-up holds
-//! readiness until it is done ([`crate::warm`]); the shutdown marks the worker stopping.
+//! readiness until it is done ([`crate::warm_up`]); the shutdown marks the worker stopping.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -41,7 +41,7 @@ struct Inner {
     /// (so the orchestrator takes it out of the endpoints before it stops accepting). Never cleared.
     stopping: AtomicBool,
     /// The warm-up of the hot set handed over runs: `/readyz` answers 503 until it is done or
-    /// HISTORY_VIEW_WARM_MAX_SECS passed ([`crate::warm`]). Set once at the start, cleared once.
+    /// HISTORY_VIEW_WARM_MAX_SECS passed ([`crate::warm_up`]). Set once at the start, cleared once.
     warming: AtomicBool,
 }
 

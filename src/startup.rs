@@ -28,7 +28,7 @@ use crate::source::connect::{self, ConnectionLog, NatsAccess};
 use crate::source::core::{self, ProbeSubscription};
 use crate::source::{JetStreamSource, Timing, Tracker, Witness};
 use crate::store::Store;
-use crate::warm::{self, Handover};
+use crate::warm_up::{self, Handover};
 
 /// The OpenAPI description of the HTTP API, served as JSON at `/openapi.json`.
 pub const OPENAPI_YAML: &str = include_str!("../docs/openapi.yaml");
@@ -54,7 +54,7 @@ pub struct Application {
     connection_log: ConnectionLog,
     coverage: Coverage,
     freshness: Freshness,
-    /// The hot set's hand-over ([`crate::warm`]), on a NATS connection of its own; `None` when it is off.
+    /// The hot set's hand-over ([`crate::warm_up`]), on a NATS connection of its own; `None` when it is off.
     handover: Option<Handover>,
 }
 
@@ -279,7 +279,7 @@ impl Application {
         );
         if let Some(handover) = handover {
             // Writes the hot set once more when `stop` is cancelled: within the drain.
-            tracker.spawn(warm::run(
+            tracker.spawn(warm_up::run(
                 handover,
                 state.views.clone(),
                 state.readiness.clone(),

@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
-use super::form::{Answer, Form, Source};
+use super::form::{Answer, AnswerSource, Form};
 use super::render::Rendering;
 use super::work::StoreSide;
 use crate::coverage::{self, Coverage, Stamp};
@@ -228,7 +228,7 @@ fn next_generation() -> u64 {
 impl Drop for Entry {
     fn drop(&mut self) {
         self.coverage
-            .entry_dropped(self.bucket, self.coverage.now());
+            .entry_dropped(&self.thread_id, self.coverage.now());
     }
 }
 
@@ -239,7 +239,7 @@ impl Entry {
         Self {
             thread_id: thread_id.into(),
             bucket,
-            floor: coverage.entry_created(bucket, coverage.now()),
+            floor: coverage.entry_created(thread_id, coverage.now()),
             coverage: coverage.clone(),
             view_bytes: AtomicUsize::new(view.bytes()),
             view: Mutex::new(view),
@@ -324,7 +324,7 @@ impl Entry {
         &self,
         view: &mut ThreadView,
         primary: Option<&Identity>,
-        source: Source,
+        source: AnswerSource,
         metrics: &Metrics,
     ) -> Answer<F> {
         let mut rendering = lock(&self.rendering);
@@ -481,14 +481,14 @@ mod tests {
 
     #[test]
     fn a_change_to_the_view_drops_the_rendering_of_its_older_version() {
-        use super::super::form::{HistoryBody, Source};
+        use super::super::form::{AnswerSource, HistoryBody};
         let metrics = Metrics::new();
         let entry = Entry::new("t", &Coverage::new(Duration::ZERO));
         entry.apply_live(chunk("a", 1), None, &metrics);
         let render = || {
             let mut view = entry.lock_view(&metrics);
             let answer: Answer<HistoryBody> =
-                entry.render(&mut view, None, Source::Cache, &metrics);
+                entry.render(&mut view, None, AnswerSource::Cache, &metrics);
             answer
         };
         let first = render();

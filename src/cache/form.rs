@@ -1,6 +1,6 @@
 //! What a read can ask for and what it gets: the forms a view is rendered in ([`Form`]: the history body, the
 //! Conversations items, the feed's transcript, the explain fates) and the [`Answer`] that carries one, with the
-//! [`Facts`] every form shares and its [`Source`]. Rendering them once per view version is `render.rs`.
+//! [`Facts`] every form shares and its [`AnswerSource`]. Rendering them once per view version is `render.rs`.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -17,20 +17,20 @@ use crate::view::ThreadView;
 
 /// Where a read's answer came from; also the `X-History-Source` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum AnswerSource {
     /// No store query was awaited on the read path.
     Cache,
     Store,
 }
 
-impl Source {
-    pub const ALL: [Source; 2] = [Source::Cache, Source::Store];
+impl AnswerSource {
+    pub const ALL: [AnswerSource; 2] = [AnswerSource::Cache, AnswerSource::Store];
 
     /// The `source` label of the read metrics and the `X-History-Source` header's value.
     pub fn label(self) -> &'static str {
         match self {
-            Source::Cache => "cache",
-            Source::Store => "store",
+            AnswerSource::Cache => "cache",
+            AnswerSource::Store => "store",
         }
     }
 }
@@ -40,7 +40,7 @@ impl Source {
 pub struct Answer<F> {
     pub body: Arc<F>,
     pub facts: Arc<Facts>,
-    pub source: Source,
+    pub source: AnswerSource,
     /// The instant up to which the answer holds every event that reached NATS (`X-History-Covered-Through`), if
     /// one is known.
     pub covered_through: Option<std::time::SystemTime>,

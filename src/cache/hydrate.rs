@@ -11,12 +11,12 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::entry::Entry;
-use super::form::{Answer, Form, Source};
+use super::form::{Answer, AnswerSource, Form};
 use super::metrics::RereadResult;
 use super::render::Rendering;
 use super::work::{Begin, Outcome, Ticket};
 use super::{LimitPath, ReadError, ViewCache, link_current_span};
-use crate::coverage::{Stamp, Verdict};
+use crate::coverage::{ReadVerdict, Stamp};
 use crate::decode::ViewEvent;
 use crate::freshness;
 use crate::project::Identity;
@@ -131,15 +131,15 @@ impl<S: StoreReads> ViewCache<S> {
                 .stored_through
                 .fetch_max(covers_through, Ordering::AcqRel);
             match verdict {
-                Verdict::Complete(epoch) => {
+                ReadVerdict::Complete(epoch) => {
                     view.mark_complete(epoch);
                     // A live marker on a display the store did not return yet (not persisted when stage 1 ran):
                     // fill it, off the read path.
                     (None, view.needs_fill(epoch), links)
                 }
                 // Partial only because the bound has not passed: read again once it has.
-                Verdict::Deferred(until) => (Some(until), false, links),
-                Verdict::Uncovered => (None, false, links),
+                ReadVerdict::Deferred(until) => (Some(until), false, links),
+                ReadVerdict::Uncovered => (None, false, links),
             }
         };
         link_current_span(links);
@@ -194,7 +194,7 @@ impl<S: StoreReads> ViewCache<S> {
             thread_id,
             &mut view,
             primary,
-            Source::Store,
+            AnswerSource::Store,
             &self.metrics,
         );
         answer.covered_through = Some(covers_through);

@@ -73,6 +73,7 @@ pub struct CacheMetrics {
     misses: IntCounter,
     hydrations: IntCounterVec,
     views_downgraded: IntCounter,
+    unproven_reads: IntCounter,
     entries: IntGauge,
     weighted_bytes: IntGauge,
     budget_bytes: IntGauge,
@@ -109,6 +110,11 @@ impl CacheMetrics {
                 "history_view_views_downgraded_total",
                 "Complete views made partial: found stale at their next use (a possible gap or a removal since), \
                  after a failed fill, or healed by a failed shadow check or verify.",
+            ),
+            unproven_reads: registrar.counter(
+                "history_view_unproven_reads_total",
+                "Reads of a complete view answered from the store because the live source had not proved, within \
+                 the window, that it applied everything published before it (the serving rule).",
             ),
             entries: registrar.gauge(
                 "history_view_cache_entries",
@@ -207,6 +213,10 @@ impl CacheMetrics {
 
     pub fn views_downgraded(&self, count: u64) {
         self.views_downgraded.inc_by(count);
+    }
+
+    pub fn unproven_read(&self) {
+        self.unproven_reads.inc();
     }
 
     pub fn size(&self, entries: u64, weighted_bytes: u64) {

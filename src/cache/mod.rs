@@ -23,6 +23,7 @@
 //! [design 2.1.1]: ../../docs/design.md#2.1.1
 //! [design 2]: ../../docs/design.md#2
 
+mod checks;
 mod entry;
 mod etag;
 mod fill;
@@ -34,7 +35,6 @@ mod metrics;
 mod render;
 mod scan;
 mod settings;
-mod shadow;
 #[cfg(test)]
 mod tests;
 mod transcript;
@@ -52,14 +52,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+pub use checks::{Verified, VerifyReport};
 pub use etag::etag_of;
-pub use form::{Answer, Facts, Form, HistoryBody, Source};
+pub use form::{Answer, AnswerSource, Facts, Form, HistoryBody};
 pub use items::{ItemId, Items};
 pub use limit::LimitPath;
 pub use metrics::{CacheMetrics, ShadowMetrics};
 pub use scan::RowScan;
 pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
-pub use shadow::{Verified, VerifyReport};
 pub use transcript::Transcript;
 pub use warm::{WarmPlan, WarmReport};
 
@@ -196,7 +196,7 @@ pub struct ViewCache<S = Store> {
     no_marker_warnings: Arc<RateLimit>,
     too_large_warnings: Arc<RateLimit>,
     /// The shadow checks ([`shadow`]).
-    checks: Arc<shadow::Checks>,
+    checks: Arc<checks::Checks>,
     /// Up to when the live stream has been applied (the covered-through instant of answers from memory).
     freshness: Freshness,
 }
@@ -258,7 +258,7 @@ impl<S: StoreReads> ViewCache<S> {
             explain_share: Arc::new(tokio::sync::Semaphore::new(share)),
             scans,
             scans_finished: Arc::default(),
-            checks: Arc::new(shadow::Checks::new(shadow, bounds, gap_window)),
+            checks: Arc::new(checks::Checks::new(shadow, bounds, gap_window)),
             freshness,
             settings: Arc::new(settings),
             bounds,
@@ -323,10 +323,8 @@ impl<S: StoreReads> ViewCache<S> {
     ) -> Result<Answer<F>, ReadError> {
         let entry = self.entry(thread_id).await;
         entry.read_now(&self.coverage);
-        if !self.freshness.serves()
-            && !self.coverage.catch_up().blocked()
-            && self.state(&entry) == ViewState::Complete
-        {
+        let unproven = !self.freshness.serves() && self.state(&entry) == ViewState::Complete;
+        if unproven && !self.coverage.catch_up().blocked() {
             // The source has not proved it applied everything stored up to the window before now (a consumer
             // behind its stream, a resumed one, a frozen link): the complete view may lack it. Wait for it within
             // part of the read's time, then read the store; not for a lane that lasts until someone acts, nor for
@@ -335,7 +333,7 @@ impl<S: StoreReads> ViewCache<S> {
                 .wait(Instant::now() + self.bounds.store_timeout / 2)
                 .await;
         }
-        if let Some(answer) = self.complete_answer(&entry, primary, Source::Cache) {
+        if let Some(answer) = self.complete_answer(&entry, primary, AnswerSource::Cache) {
             // Live events that arrived while the view was held were applied by its holder (this reader, maybe),
             // after the live path checked the limit: a view they took past it leaves now instead of answering.
             if self.leave_if_too_large(&entry, LimitPath::Live).await {
@@ -344,12 +342,15 @@ impl<S: StoreReads> ViewCache<S> {
             self.metrics.cache.hit();
             return Ok(answer);
         }
+        if unproven && !self.freshness.serves() {
+            self.metrics.cache.unproven_read();
+        }
         self.metrics.cache.miss();
         // An explain's hydration runs within the explain share ([`scan`]): its permit is taken before the store job
         // starts, so a history read that joins the job never waits behind explains beyond their share.
         let _share = if F::EXPLAIN {
             let permit = self.explain_permit(self.bounds.store_deadline()).await?;
-            if let Some(answer) = self.complete_answer(&entry, primary, Source::Store) {
+            if let Some(answer) = self.complete_answer(&entry, primary, AnswerSource::Store) {
                 return Ok(answer);
             }
             Some(permit)
@@ -378,7 +379,7 @@ impl<S: StoreReads> ViewCache<S> {
                     Outcome::LookAgain => {}
                 },
             }
-            if let Some(answer) = self.complete_answer(&entry, primary, Source::Store) {
+            if let Some(answer) = self.complete_answer(&entry, primary, AnswerSource::Store) {
                 return Ok(answer);
             }
         }
@@ -457,7 +458,7 @@ impl<S: StoreReads> ViewCache<S> {
         &self,
         entry: &Entry,
         primary: Option<&Identity>,
-        source: Source,
+        source: AnswerSource,
     ) -> Option<Answer<F>> {
         if !self.freshness.serves() {
             return None;
@@ -468,7 +469,7 @@ impl<S: StoreReads> ViewCache<S> {
             let mut answer = entry.render(&mut view, primary, source, &self.metrics);
             // Complete: every live event up to the last one applied, and what the store held before.
             answer.covered_through = self.freshness.covered_through().max(entry.stored_through());
-            if source == Source::Cache {
+            if source == AnswerSource::Cache {
                 self.sample(entry, &view, answer.covered_through);
             }
             return Some(answer);
@@ -482,7 +483,7 @@ impl<S: StoreReads> ViewCache<S> {
     /// The view's answer as it is, after a store read.
     fn render<F: Form>(&self, entry: &Entry, primary: Option<&Identity>) -> Answer<F> {
         let mut view = entry.lock_view(&self.metrics);
-        let mut answer = entry.render(&mut view, primary, Source::Store, &self.metrics);
+        let mut answer = entry.render(&mut view, primary, AnswerSource::Store, &self.metrics);
         answer.covered_through = entry.stored_through();
         answer
     }

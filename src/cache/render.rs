@@ -6,7 +6,7 @@ use std::collections::{HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use super::form::{Answer, Facts, Form, Forms, Source};
+use super::form::{Answer, AnswerSource, Facts, Form, Forms};
 use crate::metrics::Metrics;
 use crate::project::{Identity, Projection};
 use crate::view::ThreadView;
@@ -46,7 +46,7 @@ impl Rendering {
         thread_id: &str,
         view: &mut ThreadView,
         primary: Option<&Identity>,
-        source: Source,
+        source: AnswerSource,
         metrics: &Metrics,
     ) -> Answer<F> {
         let version = view.version();
@@ -194,7 +194,7 @@ mod tests {
         primary: Option<&Identity>,
     ) -> Arc<F> {
         rendering
-            .render::<F>("t", view, primary, Source::Cache, &Metrics::new())
+            .render::<F>("t", view, primary, AnswerSource::Cache, &Metrics::new())
             .body
     }
 

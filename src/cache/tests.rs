@@ -10,10 +10,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::{
-    Answer, CacheSettings, CacheSetup, HistoryBody, ReadError, Source, Verified, VerifyReport,
-    ViewCache,
+    Answer, AnswerSource, CacheSettings, CacheSetup, HistoryBody, ReadError, Verified,
+    VerifyReport, ViewCache,
 };
-use crate::coverage::{self, Coverage};
+use crate::coverage::Coverage;
 use crate::decode::{Decoded, STORED, ViewEvent, decode_payload};
 use crate::explain::{RowMeta, ViewFates};
 use crate::freshness::{Freshness, Part};
@@ -446,8 +446,8 @@ impl Scene {
     async fn complete_thread(&self) {
         self.stored_turn();
         self.past_the_bound().await;
-        assert_eq!(self.read().await.unwrap().source, Source::Store);
-        assert_eq!(self.read().await.unwrap().source, Source::Cache);
+        assert_eq!(self.read().await.unwrap().source, AnswerSource::Store);
+        assert_eq!(self.read().await.unwrap().source, AnswerSource::Cache);
     }
 
     /// A new turn on `d2`: an answer persisted before the worker saw it live, then its marker live and stored.
@@ -482,7 +482,7 @@ async fn concurrent_readers_of_a_cold_thread_share_one_hydration() {
     let mut bodies = Vec::new();
     for reader in readers {
         let answer = reader.await.unwrap().unwrap();
-        assert_eq!(answer.source, Source::Store);
+        assert_eq!(answer.source, AnswerSource::Store);
         bodies.push(body(&answer));
     }
     assert!(
@@ -493,7 +493,7 @@ async fn concurrent_readers_of_a_cold_thread_share_one_hydration() {
     assert_eq!(scene.store.calls(Query::Markers), 1);
     assert_eq!(scene.store.calls(Query::Events), 1);
     // The hydration completed the view: the next read needs no store.
-    assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Cache);
     assert_eq!(scene.store.calls(Query::Markers), 1);
 }
 
@@ -530,15 +530,15 @@ async fn a_view_held_partial_by_the_bound_is_completed_by_one_background_reread(
     let scene = Scene::new();
     scene.stored_turn();
     // Within the bound after coverage started: answered from the store, but not complete.
-    assert_eq!(scene.read().await.unwrap().source, Source::Store);
-    assert_eq!(scene.read().await.unwrap().source, Source::Store);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Store);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Store);
     assert_eq!(scene.store.calls(Query::Markers), 2);
     scene.past_the_bound().await;
     settle().await;
     // One re-read for the entry, however many reads were held partial.
     assert_eq!(scene.store.calls(Query::Markers), 3);
     let answer = scene.read().await.unwrap();
-    assert_eq!(answer.source, Source::Cache);
+    assert_eq!(answer.source, AnswerSource::Cache);
     assert!(body(&answer).contains("answer-one"));
     assert_eq!(scene.store.calls(Query::Markers), 3);
 }
@@ -555,10 +555,10 @@ async fn a_gap_during_a_hydration_leaves_the_view_partial() {
         "answered from the store"
     );
     // The read started before the gap: it cannot complete the view.
-    assert_eq!(scene.read().await.unwrap().source, Source::Store);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Store);
     scene.past_the_bound().await;
     settle().await;
-    assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Cache);
 }
 
 #[tokio::test(start_paused = true)]
@@ -566,12 +566,11 @@ async fn a_removal_in_the_bucket_during_a_hydration_leaves_the_view_partial() {
     let scene = Scene::new();
     let reader = scene.read_held_at(Query::Markers).await;
     // Another entry of the thread's bucket (say its predecessor) is dropped while the read runs.
-    let bucket = coverage::bucket(THREAD);
-    scene.coverage.entry_created(bucket, scene.coverage.now());
-    scene.coverage.entry_dropped(bucket, scene.coverage.now());
+    scene.coverage.entry_created(THREAD, scene.coverage.now());
+    scene.coverage.entry_dropped(THREAD, scene.coverage.now());
     scene.store.release(Query::Markers);
     assert!(body(&reader.await.unwrap().unwrap()).contains("answer-one"));
-    assert_eq!(scene.read().await.unwrap().source, Source::Store);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Store);
 }
 
 #[tokio::test(start_paused = true)]
@@ -581,13 +580,13 @@ async fn a_read_during_a_fill_waits_for_it_and_the_view_is_complete_after() {
     assert!(!reader.is_finished(), "the read waits for the fill");
     scene.store.release(Query::Fill);
     let answer = reader.await.unwrap().unwrap();
-    assert_eq!(answer.source, Source::Store);
+    assert_eq!(answer.source, AnswerSource::Store);
     assert!(
         body(&answer).contains("answer-two"),
         "the filled event is in"
     );
     let answer = scene.read().await.unwrap();
-    assert_eq!(answer.source, Source::Cache);
+    assert_eq!(answer.source, AnswerSource::Cache);
     assert!(body(&answer).contains("answer-two"));
     assert_eq!(scene.store.calls(Query::Fill), 1);
     assert_eq!(scene.store.calls(Query::Markers), 1, "no hydration");
@@ -603,7 +602,7 @@ async fn a_failed_fill_fails_its_waiting_reader_and_the_next_read_hydrates() {
         Err(ReadError::ConcurrentReadFailed)
     ));
     let answer = scene.read().await.unwrap();
-    assert_eq!(answer.source, Source::Store);
+    assert_eq!(answer.source, AnswerSource::Store);
     assert!(body(&answer).contains("answer-two"));
     assert_eq!(scene.store.calls(Query::Markers), 2, "the read hydrated");
 }
@@ -615,14 +614,14 @@ async fn a_gap_during_a_fill_leaves_the_view_partial_and_its_reader_hydrates() {
     scene.coverage.gap(scene.coverage.now());
     scene.store.release(Query::Fill);
     let answer = reader.await.unwrap().unwrap();
-    assert_eq!(answer.source, Source::Store);
+    assert_eq!(answer.source, AnswerSource::Store);
     assert!(body(&answer).contains("answer-two"));
     assert_eq!(
         scene.store.calls(Query::Markers),
         2,
         "partial after the gap: hydrated"
     );
-    assert_eq!(scene.read().await.unwrap().source, Source::Store);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Store);
 }
 
 #[tokio::test(start_paused = true)]
@@ -685,7 +684,7 @@ async fn a_reader_that_goes_away_mid_hydration_hands_the_store_job_to_the_next()
     scene.store.release(Query::Markers);
     let answer = second.await.unwrap().unwrap();
     assert!(body(&answer).contains("answer-one"));
-    assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Cache);
 }
 
 /// The count of one `history_view_shadow_checks_total` result.
@@ -712,7 +711,7 @@ async fn a_shadow_check_finds_a_stored_row_the_view_lacks_and_heals_the_view() {
         .store
         .persist(&chunk("d1", "backfilled", 3, "from-a-backfill"));
     let answer = scene.read().await.unwrap();
-    assert_eq!(answer.source, Source::Cache);
+    assert_eq!(answer.source, AnswerSource::Cache);
     assert!(!body(&answer).contains("from-a-backfill"));
     // A second read while its check waits is not checked again.
     scene.read().await.unwrap();
@@ -723,7 +722,7 @@ async fn a_shadow_check_finds_a_stored_row_the_view_lacks_and_heals_the_view() {
     tokio::time::sleep(Duration::from_secs(13)).await;
     assert_eq!(shadow_checks(&scene.views, "missing"), 1.0);
     let healed = scene.read().await.unwrap();
-    assert_eq!(healed.source, Source::Store);
+    assert_eq!(healed.source, AnswerSource::Store);
     assert!(body(&healed).contains("from-a-backfill"));
 }
 
@@ -743,7 +742,7 @@ async fn a_deleted_thread_leaves_memory_by_a_shadow_check_and_its_next_hydration
     scene.views.apply(user("d1", "u1", 1), None).await;
     scene.store.delete_thread(THREAD);
     let answer = scene.read().await.unwrap();
-    assert_eq!(answer.source, Source::Cache);
+    assert_eq!(answer.source, AnswerSource::Cache);
     assert!(body(&answer).contains("answer-one"));
     // The check, the bound after the read, finds the held turn orphaned and makes the view partial.
     tokio::time::sleep(LAG + Duration::from_millis(100)).await;
@@ -752,12 +751,12 @@ async fn a_deleted_thread_leaves_memory_by_a_shadow_check_and_its_next_hydration
     assert_eq!(shadow_checks(&scene.views, "missing"), 0.0);
     // The next read hydrates and leaves the turn out, as aihub's own read does.
     let answer = scene.read().await.unwrap();
-    assert_eq!(answer.source, Source::Store);
+    assert_eq!(answer.source, AnswerSource::Store);
     assert!(!body(&answer).contains("answer-one"), "{}", body(&answer));
     // Its marker: the answer stays, on a display no longer visible, as the store's rows of it would be (stage 2
     // reads only visible displays, so nothing says whether the store still has it).
     assert_eq!(orphaned_events(&scene.views), 1.0);
-    assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Cache);
 }
 
 #[tokio::test(start_paused = true)]
@@ -783,7 +782,7 @@ async fn a_hydration_drops_replayed_events_of_a_deleted_thread_and_keeps_those_t
         .await;
     scene.past_the_bound().await;
     let answer = scene.read().await.unwrap();
-    assert_eq!(answer.source, Source::Store);
+    assert_eq!(answer.source, AnswerSource::Store);
     let text = body(&answer);
     assert!(!text.contains("answer-one"), "{text}");
     assert!(text.contains("answer-two"), "{text}");
@@ -806,7 +805,7 @@ async fn a_failure_followed_by_a_gap_counts_as_a_window_and_verify_reports_it_on
     scene
         .store
         .persist(&chunk("d1", "unseen", 3, "missed-live"));
-    assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Cache);
     // A dead link noticed after the read (its probes stop coming back): what the read lacked is not a promise
     // broken.
     scene.probing.store(false, Ordering::Release);
@@ -897,7 +896,7 @@ async fn verify_of_a_view_not_complete_answers_not_complete_and_counts_no_failur
     let scene = Scene::verify_budget(5);
     scene.stored_turn();
     // Within the bound after coverage started: the view is partial, never served as complete.
-    assert_eq!(scene.read().await.unwrap().source, Source::Store);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Store);
     // A row the view lacks, surely stored long before (the fake's rows are all that old).
     scene.store.persist(&chunk("d1", "unseen", 3, "backfilled"));
     let queries = scene.store.calls(Query::Markers);
@@ -926,7 +925,7 @@ async fn verify_of_a_view_not_complete_answers_not_complete_and_counts_no_failur
 async fn explain(
     views: &ViewCache<FakeStore>,
     thread_id: &str,
-) -> Result<(Source, usize), ReadError> {
+) -> Result<(AnswerSource, usize), ReadError> {
     let answer = views.read::<ViewFates>(thread_id, None).await?;
     let scan = views.row_metadata(thread_id).await?;
     Ok((answer.source, scan.rows.len()))
@@ -951,7 +950,7 @@ async fn concurrent_explains_of_a_complete_thread_share_one_row_scan_and_no_hydr
     scene.store.release(Query::Explain);
     for explain in explains {
         // The fates from memory, the two stored rows from the shared scan.
-        assert_eq!(explain.await.unwrap().unwrap(), (Source::Cache, 2));
+        assert_eq!(explain.await.unwrap().unwrap(), (AnswerSource::Cache, 2));
     }
     assert_eq!(scene.store.calls(Query::Explain), 1);
     assert_eq!(
@@ -963,7 +962,7 @@ async fn concurrent_explains_of_a_complete_thread_share_one_row_scan_and_no_hydr
     scene.store.persist(&chunk("d1", "c2", 3, "later"));
     assert_eq!(
         explain(&scene.views, THREAD).await.unwrap(),
-        (Source::Cache, 3)
+        (AnswerSource::Cache, 3)
     );
     assert_eq!(scene.store.calls(Query::Explain), 2);
 }
@@ -1048,7 +1047,7 @@ async fn the_publishers_contexts_of_live_events_survive_hydration_and_fill_and_e
         publisher_trace_ids(&scene.views).await,
         ids(&[("u1", "01"), ("c1", "-"), ("live", "02"), ("waited", "03")])
     );
-    assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Cache);
     // A new turn's marker, live with a context, is filled: the fill keeps every context.
     scene
         .store
@@ -1116,7 +1115,7 @@ async fn a_storm_of_explains_leaves_a_cold_read_its_slots() {
     assert_eq!(scene.store.calls(Query::Explain), 2);
     // A cold read finds a slot while every explain still waits.
     let answer = scene.read().await.unwrap();
-    assert_eq!(answer.source, Source::Store);
+    assert_eq!(answer.source, AnswerSource::Store);
     assert!(body(&answer).contains("answer-one"));
     assert!(explains.iter().all(|explain| !explain.is_finished()));
     assert_eq!(scene.store.calls(Query::Explain), 2);
@@ -1151,7 +1150,7 @@ async fn an_explain_of_a_cold_thread_hydrates_within_the_share() {
         0,
         "no hydration beyond the share"
     );
-    assert_eq!(scene.read().await.unwrap().source, Source::Store);
+    assert_eq!(scene.read().await.unwrap().source, AnswerSource::Store);
     assert!(matches!(cold_explain.await.unwrap(), Err(ReadError::Busy)));
     scene.store.release(Query::Explain);
     for scan in scans {
@@ -1160,7 +1159,7 @@ async fn an_explain_of_a_cold_thread_hydrates_within_the_share() {
     // The share free again, an explain reads its thread (complete now: from memory).
     assert_eq!(
         explain(&scene.views, THREAD).await.unwrap(),
-        (Source::Cache, 2)
+        (AnswerSource::Cache, 2)
     );
 }
 
@@ -1195,7 +1194,7 @@ async fn the_warm_up_waits_for_the_bound_then_builds_complete_views_a_read_answe
     assert_eq!(scene.store.calls(Query::Markers), 1);
     assert_eq!(scene.store.calls(Query::Events), 1);
     let answer = scene.read().await.unwrap();
-    assert_eq!(answer.source, Source::Cache);
+    assert_eq!(answer.source, AnswerSource::Cache);
     assert!(body(&answer).contains("answer-one"));
     // Complete at once: no background re-read follows.
     tokio::time::sleep(LAG * 2).await;
@@ -1418,7 +1417,7 @@ mod spans {
             1
         );
         // From memory now: a cache span without a hydration.
-        assert_eq!(scene.read().await.unwrap().source, Source::Cache);
+        assert_eq!(scene.read().await.unwrap().source, AnswerSource::Cache);
         assert_eq!(spans.named("cache").len(), 5);
         let last = spans.named("cache").pop().unwrap();
         assert_eq!(source(&last).as_deref(), Some("cache"));
@@ -1434,7 +1433,7 @@ mod spans {
         let request = tracing::info_span!("request");
         let answer = scene.read().instrument(request.clone()).await.unwrap();
         drop(request);
-        assert_eq!(answer.source, Source::Store);
+        assert_eq!(answer.source, AnswerSource::Store);
         scene.past_the_bound().await;
         settle().await;
         assert_eq!(scene.store.calls(Query::Markers), 2, "the re-read ran");
@@ -1471,7 +1470,7 @@ mod spans {
         settle().await;
         assert_eq!(scene.store.calls(Query::Fill), 2);
         let answer = scene.read().await.unwrap();
-        assert_eq!(answer.source, Source::Cache);
+        assert_eq!(answer.source, AnswerSource::Cache);
         assert!(body(&answer).contains("answer-three"));
         let fills = spans.named("fill");
         assert_eq!(fills.len(), 2);
@@ -1491,7 +1490,7 @@ async fn a_complete_view_is_answered_from_memory_only_while_the_source_proves_th
     let answer = scene.read().await.unwrap();
     assert_eq!(
         answer.source,
-        Source::Store,
+        AnswerSource::Store,
         "the view may lack what was stored a window ago"
     );
     assert!(
@@ -1505,7 +1504,7 @@ async fn a_complete_view_is_answered_from_memory_only_while_the_source_proves_th
     assert!(!reader.is_finished(), "waiting for the source");
     scene.probing.store(true, Ordering::Release);
     let answer = reader.await.unwrap().unwrap();
-    assert_eq!(answer.source, Source::Cache);
+    assert_eq!(answer.source, AnswerSource::Cache);
     // Its covered-through instant is the one the rule judged: within the window.
     let covered = answer.covered_through.unwrap();
     let age = std::time::SystemTime::now()
@@ -1523,7 +1522,7 @@ async fn a_read_of_a_view_that_needs_the_store_anyway_does_not_wait_for_the_sour
     tokio::time::sleep(scene.freshness.window()).await;
     let asked = tokio::time::Instant::now();
     let answer = scene.read().await.unwrap();
-    assert_eq!(answer.source, Source::Store);
+    assert_eq!(answer.source, AnswerSource::Store);
     assert_eq!(
         tokio::time::Instant::now(),
         asked,

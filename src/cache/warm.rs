@@ -24,7 +24,7 @@ use super::scan::share_of;
 use super::work::Begin;
 use crate::store::{Hydration, StoreReads};
 use crate::view::ViewState;
-use crate::warm::WarmState;
+use crate::warm_up::WarmState;
 
 /// How long the warm-up waits before it looks again for two free slots, or for coverage.
 const RETRY: Duration = Duration::from_millis(10);

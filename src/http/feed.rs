@@ -27,7 +27,7 @@ use super::metrics::HttpRefusal;
 use super::read::{Pace, STORE_REREAD_INTERVAL, Seen, ThreadRequest, next_change};
 use super::route::{Forward, route};
 use super::{ApiError, AppState};
-use crate::cache::{Answer, Source, Transcript};
+use crate::cache::{Answer, AnswerSource, Transcript};
 use crate::metrics::Metrics;
 use crate::project::Identity;
 
@@ -147,7 +147,7 @@ async fn resume(
         .recent_digests(thread, generation, version, primary)
         .await;
     let outcome = match &digests {
-        Some(_) if answer.source == Source::Cache => FeedEvent::Update,
+        Some(_) if answer.source == AnswerSource::Cache => FeedEvent::Update,
         _ => FeedEvent::Snapshot,
     };
     state.metrics.http.feed_resume(outcome);
@@ -237,8 +237,8 @@ impl Feed {
             };
             // An answer that needed the store (after a gap or an eviction) is sent whole, never as an update.
             let kind = match answer.source {
-                Source::Store => FeedEvent::Snapshot,
-                Source::Cache => FeedEvent::Update,
+                AnswerSource::Store => FeedEvent::Snapshot,
+                AnswerSource::Cache => FeedEvent::Update,
             };
             return Ok(self.event(&answer, kind, from));
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
 use super::feed::FeedEvent;
-use crate::cache::Source;
+use crate::cache::AnswerSource;
 use crate::metrics::{LATENCY_BUCKETS, Registrar, preset};
 
 /// Why the HTTP server turned a client away (the `reason` of `history_view_http_refused_total`).
@@ -204,7 +204,10 @@ impl HttpMetrics {
         };
         preset(&metrics.refused, &HttpRefusal::ALL.map(HttpRefusal::label));
         preset(&metrics.timeouts, &HttpTimeout::ALL.map(HttpTimeout::label));
-        preset(&metrics.read_seconds, &Source::ALL.map(Source::label));
+        preset(
+            &metrics.read_seconds,
+            &AnswerSource::ALL.map(AnswerSource::label),
+        );
         preset(&metrics.read_routes, &ReadRoute::ALL.map(ReadRoute::label));
         preset(&metrics.read_errors, &READ_ERROR_CODES);
         preset(&metrics.feed_events, &FeedEvent::ALL.map(FeedEvent::label));
@@ -230,7 +233,7 @@ impl HttpMetrics {
     }
 
     /// A read of a thread answered in `elapsed`, from `source`.
-    pub fn read(&self, source: Source, elapsed: Duration) {
+    pub fn read(&self, source: AnswerSource, elapsed: Duration) {
         self.read_seconds
             .with_label_values(&[source.label()])
             .observe(elapsed.as_secs_f64());

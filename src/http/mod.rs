@@ -6,9 +6,9 @@
 
 mod conversations;
 mod error;
-mod explain;
 mod feed;
 mod history;
+mod inspect;
 mod metrics;
 mod operations;
 mod read;
@@ -16,7 +16,7 @@ mod route;
 mod serve;
 mod settings;
 mod tokens;
-mod trace;
+mod traceparent;
 
 use std::sync::Arc;
 
@@ -87,7 +87,7 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
         )
         .route(
             "/v1/threads/{thread_id}/history/explain",
-            get(explain::explain),
+            get(inspect::explain),
         )
         .route(
             "/v1/conversations/{thread_id}",
@@ -114,11 +114,11 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
     let api = Router::new()
         .merge(api)
         .merge(feeds)
-        .route("/inspect/threads/{thread_id}", get(explain::inspector))
+        .route("/inspect/threads/{thread_id}", get(inspect::inspector))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), count_errors))
-        .layer(middleware::from_fn(trace::trace_request));
+        .layer(middleware::from_fn(traceparent::trace_request));
     closing(operations(api), state)
 }
 

@@ -27,7 +27,7 @@ use tracing::field::Empty;
 
 use super::route::{Forward, Routed, route};
 use super::{ApiError, AppState};
-use crate::cache::{Answer, Form, Source, ViewCache};
+use crate::cache::{Answer, AnswerSource, Form, ViewCache};
 use crate::freshness;
 use crate::project::Identity;
 
@@ -373,7 +373,7 @@ pub const RUN_WAIT: Pace = Pace {
 pub struct Seen {
     pub generation: u64,
     pub version: u64,
-    pub source: Source,
+    pub source: AnswerSource,
 }
 
 impl Seen {
@@ -403,8 +403,8 @@ pub async fn next_change(
         .changed(thread, seen.generation, seen.version, recheck_at)
         .await;
     let pause = match seen.source {
-        Source::Store => pace.after_store,
-        Source::Cache => pace.after_cache,
+        AnswerSource::Store => pace.after_store,
+        AnswerSource::Cache => pace.after_cache,
     };
     if !pause.is_zero() {
         tokio::time::sleep_until(within(since + pause)).await;

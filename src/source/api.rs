@@ -29,7 +29,7 @@ pub const QUORUM_SILENCE: Duration = Duration::from_secs(3);
 
 /// Why a JetStream call failed, as far as the source's rules care.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ApiError {
+pub enum JsApiError {
     /// The stream does not exist.
     #[error("the stream does not exist")]
     NotFound,
@@ -130,25 +130,25 @@ pub trait Api: Clone + Send + Sync + 'static {
     type Consumer: Consumer;
 
     /// The names of every stream of the account.
-    fn stream_names(&self) -> impl Future<Output = Result<Vec<String>, ApiError>> + Send;
+    fn stream_names(&self) -> impl Future<Output = Result<Vec<String>, JsApiError>> + Send;
 
     /// One stream's state.
     fn stream_state(
         &self,
         name: &str,
-    ) -> impl Future<Output = Result<StreamState, ApiError>> + Send;
+    ) -> impl Future<Output = Result<StreamState, JsApiError>> + Send;
 
     /// One stream's state with the list of its deleted sequences (the server sends it whole).
     fn stream_state_with_deleted(
         &self,
         name: &str,
-    ) -> impl Future<Output = Result<StreamState, ApiError>> + Send;
+    ) -> impl Future<Output = Result<StreamState, JsApiError>> + Send;
 
     /// The names of the streams whose subjects overlap `subject`.
     fn streams_capturing(
         &self,
         subject: &str,
-    ) -> impl Future<Output = Result<Vec<String>, ApiError>> + Send;
+    ) -> impl Future<Output = Result<Vec<String>, JsApiError>> + Send;
 
     /// An ephemeral pull consumer of `stream` on `filters`, acknowledging nothing, from `start`.
     fn create_consumer(
@@ -156,29 +156,29 @@ pub trait Api: Clone + Send + Sync + 'static {
         stream: &str,
         filters: Vec<String>,
         start: Start,
-    ) -> impl Future<Output = Result<Self::Consumer, ApiError>> + Send;
+    ) -> impl Future<Output = Result<Self::Consumer, JsApiError>> + Send;
 
     /// Creates a stream (the partitioned one).
     fn create_stream(
         &self,
         config: Config,
-    ) -> impl Future<Output = Result<StreamState, ApiError>> + Send;
+    ) -> impl Future<Output = Result<StreamState, JsApiError>> + Send;
 
     /// Updates a stream's configuration (the partitioned stream's sources).
     fn update_stream(
         &self,
         config: Config,
-    ) -> impl Future<Output = Result<StreamState, ApiError>> + Send;
+    ) -> impl Future<Output = Result<StreamState, JsApiError>> + Send;
 }
 
 /// A consumer made by [`Api::create_consumer`].
 pub trait Consumer: Send + 'static {
     /// Its state now.
-    fn state(&mut self) -> impl Future<Output = Result<ConsumerState, ApiError>> + Send;
+    fn state(&mut self) -> impl Future<Output = Result<ConsumerState, JsApiError>> + Send;
 
     /// The next delivery; an error or `None` ends the consumer (a missed heartbeat, a lost connection, a deleted
     /// stream).
-    fn next(&mut self) -> impl Future<Output = Option<Result<Delivery, ApiError>>> + Send;
+    fn next(&mut self) -> impl Future<Output = Option<Result<Delivery, JsApiError>>> + Send;
 }
 
 /// [`Api`] on async-nats.
@@ -197,7 +197,7 @@ impl NatsApi {
     }
 
     /// The stream's info, with its deleted sequences if asked.
-    async fn info(&self, name: &str, deleted: bool) -> Result<StreamState, ApiError> {
+    async fn info(&self, name: &str, deleted: bool) -> Result<StreamState, JsApiError> {
         let stream = self
             .context
             .get_stream_no_info(name)
@@ -244,7 +244,7 @@ pub struct NatsConsumer {
 impl Api for NatsApi {
     type Consumer = NatsConsumer;
 
-    async fn stream_names(&self) -> Result<Vec<String>, ApiError> {
+    async fn stream_names(&self) -> Result<Vec<String>, JsApiError> {
         let mut names = self.context.stream_names();
         let mut all = Vec::new();
         while let Some(name) = names.next().await {
@@ -255,7 +255,7 @@ impl Api for NatsApi {
                 match (error.kind(), source.map(|e| e.kind())) {
                     (StreamsErrorKind::NoResponders, _)
                     | (_, Some(StreamsErrorKind::NoResponders)) => {
-                        ApiError::Unavailable(error.to_string())
+                        JsApiError::Unavailable(error.to_string())
                     }
                     _ => classify_text(&error),
                 }
@@ -264,15 +264,15 @@ impl Api for NatsApi {
         Ok(all)
     }
 
-    async fn stream_state(&self, name: &str) -> Result<StreamState, ApiError> {
+    async fn stream_state(&self, name: &str) -> Result<StreamState, JsApiError> {
         self.info(name, false).await
     }
 
-    async fn stream_state_with_deleted(&self, name: &str) -> Result<StreamState, ApiError> {
+    async fn stream_state_with_deleted(&self, name: &str) -> Result<StreamState, JsApiError> {
         self.info(name, true).await
     }
 
-    async fn streams_capturing(&self, subject: &str) -> Result<Vec<String>, ApiError> {
+    async fn streams_capturing(&self, subject: &str) -> Result<Vec<String>, JsApiError> {
         let mut names = Vec::new();
         loop {
             let page: jetstream::response::Response<NamesPage> = self
@@ -305,7 +305,7 @@ impl Api for NatsApi {
         stream: &str,
         filters: Vec<String>,
         start: Start,
-    ) -> Result<NatsConsumer, ApiError> {
+    ) -> Result<NatsConsumer, JsApiError> {
         let deliver_policy = match start {
             Start::All => DeliverPolicy::All,
             Start::Time(at) => DeliverPolicy::ByStartTime {
@@ -335,7 +335,7 @@ impl Api for NatsApi {
         })
     }
 
-    async fn create_stream(&self, config: Config) -> Result<StreamState, ApiError> {
+    async fn create_stream(&self, config: Config) -> Result<StreamState, JsApiError> {
         let stream = self
             .context
             .create_stream(config)
@@ -344,7 +344,7 @@ impl Api for NatsApi {
         Ok(state_of(stream.cached_info()))
     }
 
-    async fn update_stream(&self, config: Config) -> Result<StreamState, ApiError> {
+    async fn update_stream(&self, config: Config) -> Result<StreamState, JsApiError> {
         let info = self
             .context
             .update_stream(config)
@@ -355,7 +355,7 @@ impl Api for NatsApi {
 }
 
 impl Consumer for NatsConsumer {
-    async fn state(&mut self) -> Result<ConsumerState, ApiError> {
+    async fn state(&mut self) -> Result<ConsumerState, JsApiError> {
         let info = self.consumer.info().await.map_err(|e| classify_text(&e))?;
         Ok(ConsumerState {
             pending: info.num_pending,
@@ -363,7 +363,7 @@ impl Consumer for NatsConsumer {
         })
     }
 
-    async fn next(&mut self) -> Option<Result<Delivery, ApiError>> {
+    async fn next(&mut self) -> Option<Result<Delivery, JsApiError>> {
         if self.messages.is_none() {
             match self
                 .consumer
@@ -388,7 +388,7 @@ impl Consumer for NatsConsumer {
                 info.pending,
                 crate::decode::arrival(info.published.into()),
             ),
-            Err(error) => return Some(Err(ApiError::Other(error.to_string()))),
+            Err(error) => return Some(Err(JsApiError::Other(error.to_string()))),
         };
         let message = message.message;
         Some(Ok(Delivery {
@@ -474,7 +474,7 @@ pub fn wall(at: time::OffsetDateTime) -> SystemTime {
 }
 
 /// A refused stream create or update (async-nats reports both as a `CreateStreamError`).
-fn stream_write_error(error: CreateStreamError) -> ApiError {
+fn stream_write_error(error: CreateStreamError) -> JsApiError {
     match error.kind() {
         CreateStreamErrorKind::JetStream(js) => classify(js.error_code(), &js),
         _ => classify_text(&error),
@@ -482,11 +482,11 @@ fn stream_write_error(error: CreateStreamError) -> ApiError {
 }
 
 /// A JetStream API error by its code.
-fn classify(code: ErrorCode, error: &impl std::fmt::Display) -> ApiError {
+fn classify(code: ErrorCode, error: &impl std::fmt::Display) -> JsApiError {
     match code {
-        ErrorCode::STREAM_NOT_FOUND => ApiError::NotFound,
+        ErrorCode::STREAM_NOT_FOUND => JsApiError::NotFound,
         ErrorCode::JETSTREAM_NOT_ENABLED | ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT => {
-            ApiError::Unavailable(error.to_string())
+            JsApiError::Unavailable(error.to_string())
         }
         _ => classify_text(error),
     }
@@ -495,19 +495,19 @@ fn classify(code: ErrorCode, error: &impl std::fmt::Display) -> ApiError {
 /// Any other error by what it says (its chain included): no responders ("requested JetStream resource does not
 /// exist") is JetStream off (nothing serves `$JS.API`), a permissions
 /// violation is a refusal.
-fn classify_text(error: &impl std::fmt::Display) -> ApiError {
+fn classify_text(error: &impl std::fmt::Display) -> JsApiError {
     let text = error.to_string();
     let lower = text.to_ascii_lowercase();
     if lower.contains("no responders")
         || lower.contains("not enabled")
         || lower.contains("resource does not exist")
     {
-        ApiError::Unavailable(text)
+        JsApiError::Unavailable(text)
     } else if lower.contains("permission") || lower.contains("authorization") {
-        ApiError::Denied(text)
+        JsApiError::Denied(text)
     } else if lower.contains("stream not found") {
-        ApiError::NotFound
+        JsApiError::NotFound
     } else {
-        ApiError::Other(text)
+        JsApiError::Other(text)
     }
 }

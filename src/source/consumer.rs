@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
-use super::api::{Api, ApiError, Consumer, ConsumerState, Start, StreamState};
+use super::api::{Api, Consumer, ConsumerState, JsApiError, Start, StreamState};
 use super::rule::{Judgement, Position, Refusals};
 use super::{GapCause, JetStreamSource, Lane, Sink, SourceEvent, filter_subjects};
 
@@ -123,11 +123,11 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
     /// One request within the request timeout.
     async fn request<T>(
         &self,
-        call: impl std::future::Future<Output = Result<T, ApiError>>,
+        call: impl std::future::Future<Output = Result<T, JsApiError>>,
     ) -> Result<T, Failed> {
         match timeout(self.inner.tracker.timing().request_timeout, call).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(ApiError::NotFound)) => Err(Failed::Deleted),
+            Ok(Err(JsApiError::NotFound)) => Err(Failed::Deleted),
             Ok(Err(error)) => {
                 tracing::debug!(%error, "a JetStream request failed");
                 Err(Failed::Other)

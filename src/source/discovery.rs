@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use super::api::{Api, ApiError, Start};
+use super::api::{Api, JsApiError, Start};
 use super::upstream::Upstream;
 use super::{CLOCK_SKEW_MARGIN, GapCause, Lane, Refusal, Sink, SourceEvent, Tracker};
 use crate::partition::{Partitioning, StreamSettings};
@@ -205,7 +205,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 self.judge_unmatched().await;
                 Some(matching)
             }
-            Ok(Err(error @ (ApiError::Unavailable(_) | ApiError::Denied(_)))) => {
+            Ok(Err(error @ (JsApiError::Unavailable(_) | JsApiError::Denied(_)))) => {
                 self.fail_closed(format!(
                     "cannot list the streams for HISTORY_VIEW_JETSTREAM_STREAMS={pattern} (HISTORY_VIEW_SOURCE=jetstream needs JetStream and permission to list streams): {error}"
                 ));

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use async_nats::jetstream::stream::{Config, Source};
 use tokio_util::sync::CancellationToken;
 
-use super::api::{Api, ApiError, SourceState, Start, StreamState};
+use super::api::{Api, JsApiError, SourceState, Start, StreamState};
 use super::discovery::lock;
 use super::rule::Refusals;
 use super::upstream::{Upstream, copied_from};
@@ -336,7 +336,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         let api = &self.inner.api;
         let state = match api.stream_state(&settings.name).await {
             Ok(state) => state,
-            Err(ApiError::NotFound) if settings.create => {
+            Err(JsApiError::NotFound) if settings.create => {
                 let sources = self
                     .sources_from_now(partitioning, class_streams, None, identities)
                     .await?;
@@ -349,7 +349,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                     Err(error) => Err(Unbound::Later(error.to_string())),
                 };
             }
-            Err(ApiError::NotFound) => {
+            Err(JsApiError::NotFound) => {
                 return Err(Unbound::Later(
                     "it does not exist and HISTORY_VIEW_JETSTREAM_CREATE_STREAM is false".into(),
                 ));

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::api::{
-    Api, ApiError, Consumer, ConsumerState, Delivery, SourceState, Start, StreamState,
+    Api, Consumer, ConsumerState, Delivery, JsApiError, SourceState, Start, StreamState,
 };
 use super::{JetStreamSettings, JetStreamSource, Lane, Sink, Timing, Tracker};
 use crate::coverage::Coverage;
@@ -85,7 +85,7 @@ impl FakeStream {
 struct World {
     streams: BTreeMap<String, FakeStream>,
     /// Listing the streams fails with this.
-    listing: Option<ApiError>,
+    listing: Option<JsApiError>,
     /// Stream-state requests never answer (a leaderless stream, a cut link).
     silent: bool,
     /// Consumers deliver nothing (the worker is frozen, or the link is slow).
@@ -214,7 +214,7 @@ impl FakeConsumer {
 }
 
 impl Consumer for FakeConsumer {
-    async fn state(&mut self) -> Result<ConsumerState, ApiError> {
+    async fn state(&mut self) -> Result<ConsumerState, JsApiError> {
         let silent = self.fake.world.lock().unwrap().silent;
         if silent {
             std::future::pending::<()>().await;
@@ -227,13 +227,13 @@ impl Consumer for FakeConsumer {
         })
     }
 
-    async fn next(&mut self) -> Option<Result<Delivery, ApiError>> {
+    async fn next(&mut self) -> Option<Result<Delivery, JsApiError>> {
         loop {
             let changed = self.fake.changed.notified();
             {
                 let world = self.fake.world.lock().unwrap();
                 if !world.streams.contains_key(&self.stream) {
-                    return Some(Err(ApiError::Other("stream deleted".into())));
+                    return Some(Err(JsApiError::Other("stream deleted".into())));
                 }
                 let matching = if world.held {
                     Vec::new()
@@ -291,7 +291,7 @@ fn state_of(name: &str, stream: &FakeStream) -> StreamState {
 impl Api for Fake {
     type Consumer = FakeConsumer;
 
-    async fn stream_names(&self) -> Result<Vec<String>, ApiError> {
+    async fn stream_names(&self) -> Result<Vec<String>, JsApiError> {
         let world = self.world.lock().unwrap();
         match &world.listing {
             Some(error) => Err(error.clone()),
@@ -299,7 +299,7 @@ impl Api for Fake {
         }
     }
 
-    async fn stream_state(&self, name: &str) -> Result<StreamState, ApiError> {
+    async fn stream_state(&self, name: &str) -> Result<StreamState, JsApiError> {
         let silent = self.world.lock().unwrap().silent;
         if silent {
             std::future::pending::<()>().await;
@@ -309,10 +309,10 @@ impl Api for Fake {
             .streams
             .get(name)
             .map(|s| state_of(name, s))
-            .ok_or(ApiError::NotFound)
+            .ok_or(JsApiError::NotFound)
     }
 
-    async fn stream_state_with_deleted(&self, name: &str) -> Result<StreamState, ApiError> {
+    async fn stream_state_with_deleted(&self, name: &str) -> Result<StreamState, JsApiError> {
         let mut state = self.stream_state(name).await?;
         self.with(|w| {
             w.deleted_lists += 1;
@@ -322,7 +322,7 @@ impl Api for Fake {
         Ok(state)
     }
 
-    async fn streams_capturing(&self, subject: &str) -> Result<Vec<String>, ApiError> {
+    async fn streams_capturing(&self, subject: &str) -> Result<Vec<String>, JsApiError> {
         let world = self.world.lock().unwrap();
         Ok(world
             .streams
@@ -337,11 +337,11 @@ impl Api for Fake {
         stream: &str,
         filters: Vec<String>,
         start: Start,
-    ) -> Result<FakeConsumer, ApiError> {
+    ) -> Result<FakeConsumer, JsApiError> {
         let next = {
             let mut world = self.world.lock().unwrap();
             world.consumers_created.push((stream.to_owned(), start));
-            let s = world.streams.get(stream).ok_or(ApiError::NotFound)?;
+            let s = world.streams.get(stream).ok_or(JsApiError::NotFound)?;
             match start {
                 Start::All => s.first_seq(),
                 Start::Sequence(seq) => seq,
@@ -361,7 +361,7 @@ impl Api for Fake {
         })
     }
 
-    async fn create_stream(&self, config: Config) -> Result<StreamState, ApiError> {
+    async fn create_stream(&self, config: Config) -> Result<StreamState, JsApiError> {
         let name = config.name.clone();
         let mut stream = FakeStream::new(&name, Vec::new());
         stream.config = config;
@@ -370,7 +370,7 @@ impl Api for Fake {
         Ok(state)
     }
 
-    async fn update_stream(&self, config: Config) -> Result<StreamState, ApiError> {
+    async fn update_stream(&self, config: Config) -> Result<StreamState, JsApiError> {
         let name = config.name.clone();
         self.stream(&name, |s| {
             s.config = config;
@@ -671,7 +671,7 @@ async fn a_deleted_stream_is_a_gap_and_with_none_left_the_source_fails_closed() 
 async fn no_matching_stream_or_no_jetstream_fails_closed_until_one_is_found() {
     let fake = Fake::default();
     fake.create("A");
-    fake.with(|w| w.listing = Some(ApiError::Unavailable("no responders".into())));
+    fake.with(|w| w.listing = Some(JsApiError::Unavailable("no responders".into())));
     let h = harness(fake, None);
     h.run();
     h.pass(Duration::from_secs(3)).await;
@@ -938,7 +938,7 @@ async fn partitioned_class_streams_not_read_because_the_listing_fails_keep_the_w
     assert!(h.caught_up());
     // The listing times out (a meta leader lost with the killed server): no round reads the class streams.
     h.fake
-        .with(|w| w.listing = Some(ApiError::Other("timed out".into())));
+        .with(|w| w.listing = Some(JsApiError::Other("timed out".into())));
     h.pass(LAG).await;
     assert!(!h.caught_up(), "upstream unconfirmed for the bound: behind");
     h.fake.with(|w| w.listing = None);

@@ -18,7 +18,7 @@
 //! [`StoreError`] a query fails with and how a driver error is sorted into it; [`settings`] its settings and the
 //! bounds every component shares; [`metrics`] its metrics.
 
-mod bounds;
+mod deadline;
 mod error;
 mod hint;
 mod metrics;
@@ -38,7 +38,7 @@ use mongodb::error::{Error as MongoError, ErrorKind};
 use mongodb::options::{ClientOptions, ConnectionString};
 use mongodb::{Client, Collection, Database};
 
-pub use bounds::Bounds;
+pub use deadline::Bounds;
 pub use error::StoreError;
 pub use metrics::StoreMetrics;
 pub use query::{events_filter, events_sort, fill_filter, markers_pipeline, projection};
@@ -62,7 +62,7 @@ const FILL_POOL_SIZE: u32 = 2;
 pub enum Hydration {
     OnRead,
     Reread,
-    /// A starting worker's warm-up of the hot set its predecessor handed over ([`crate::warm`]), off the read path.
+    /// A starting worker's warm-up of the hot set its predecessor handed over ([`crate::warm_up`]), off the read path.
     Warm,
     /// A shadow check's read ([`crate::shadow`]), on a connection pool of its own.
     Shadow,

@@ -316,7 +316,13 @@ impl Api {
 
     /// Waits until `/readyz` answers 200 (`ready`) or 503 (not `ready`).
     pub async fn wait_readiness(&self, ready: bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.wait_readiness_within(ready, Duration::from_secs(20))
+            .await;
+    }
+
+    /// [`Api::wait_readiness`] for up to `limit`.
+    pub async fn wait_readiness_within(&self, ready: bool, limit: Duration) {
+        let deadline = Instant::now() + limit;
         loop {
             let reply = self.get("/readyz", &[]).await;
             if (reply.status == 200) == ready {

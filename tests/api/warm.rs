@@ -366,7 +366,14 @@ async fn a_worker_stopped_during_its_warm_up_hands_on_the_set_it_was_handed() {
         .collect();
     scene.store.insert_rows(&rows).await;
     store_hot_set(&scene.nats.url(), &bucket, &threads).await;
-    let slow = warm_env(Mode::Core, &bucket, &[("HISTORY_VIEW_WARM_RATE", "20")]);
+    // The Python Mongo-wire server answers 400 queries of a warm-up slower than the default store timeout (2 s) on
+    // a loaded machine; a failed hydration is not what this test is about.
+    let patient = ("HISTORY_VIEW_STORE_TIMEOUT_MS", "10000");
+    let slow = warm_env(
+        Mode::Core,
+        &bucket,
+        &[("HISTORY_VIEW_WARM_RATE", "20"), patient],
+    );
     let mut first = start(&scene, &slow).await;
     let metrics = metrics_until(&first.api, "warming", |m| {
         warm_threads(m, "hydrated") >= 20.0
@@ -398,16 +405,47 @@ async fn a_worker_stopped_during_its_warm_up_hands_on_the_set_it_was_handed() {
 
     let second = start(
         &scene,
-        &warm_env(Mode::Core, &bucket, &[("HISTORY_VIEW_WARM_RATE", "1000")]),
+        &warm_env(
+            Mode::Core,
+            &bucket,
+            &[("HISTORY_VIEW_WARM_RATE", "1000"), patient],
+        ),
     )
     .await;
-    second.wait_ready().await;
+    // 201 hydrations against the Python Mongo-wire server take a few seconds, longer on a loaded machine: wait as
+    // long as the warm-up may take (HISTORY_VIEW_WARM_MAX_SECS, 60 s by default).
+    second
+        .api
+        .wait_readiness_within(true, Duration::from_secs(60))
+        .await;
     let metrics = second.api.metrics().await;
     assert_eq!(warm_threads(&metrics, "hydrated"), 201.0, "{metrics}");
-    for thread in expected {
-        let reply = second.api.history(&thread, "").await;
-        assert_eq!(reply.source(), Some("cache"), "{thread}: {}", reply.body);
+    // Each first read comes from memory, but for one the serving rule refused (the probe that proves the live
+    // source's coverage did not come back within the window: a stall of a loaded machine), which the worker counts;
+    // anything else read from the store is a view the warm-up did not build.
+    let refused = |metrics: &str| {
+        metric(metrics, "history_view_unproven_reads_total")
+            + metric(metrics, "history_view_views_downgraded_total")
+    };
+    let refused_before = refused(&metrics);
+    let mut from_store = Vec::new();
+    for thread in &expected {
+        let reply = second.api.history(thread, "").await;
+        assert_eq!(reply.status, 200, "{thread}: {}", reply.body);
+        if reply.source() != Some("cache") {
+            from_store.push(thread.clone());
+        }
     }
+    let metrics = second.api.metrics().await;
+    let refused = refused(&metrics) - refused_before;
+    assert!(
+        from_store.len() as f64 <= refused,
+        "{} of {} first reads came from the store ({from_store:?}), the rule refused {refused}\n{metrics}\n{}",
+        from_store.len(),
+        expected.len(),
+        second.log_lines("").join("\n")
+    );
+    assert!(from_store.len() < expected.len() / 2, "{from_store:?}");
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@ pub const VERSION: u64 = 1;
 
 /// A hot set read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot {
+pub struct HotSetSnapshot {
     /// When the writer wrote it, in milliseconds since the Unix epoch.
     pub written_at_ms: u64,
     /// Thread ids, the most recently read first.
@@ -84,7 +84,7 @@ struct V1 {
 ///
 /// # Errors
 /// [`SnapshotError`] when it is not a document of this format.
-pub fn decode(bytes: &[u8], max: usize) -> Result<Snapshot, SnapshotError> {
+pub fn decode(bytes: &[u8], max: usize) -> Result<HotSetSnapshot, SnapshotError> {
     let Version { version } = serde_json::from_slice(bytes)?;
     if version != VERSION {
         return Err(SnapshotError::UnknownVersion(version));
@@ -100,7 +100,7 @@ pub fn decode(bytes: &[u8], max: usize) -> Result<Snapshot, SnapshotError> {
         .filter(|id| crate::http::ThreadId::parse(id.clone()).is_ok() && seen.insert(id.clone()))
         .collect();
     let skipped = listed - threads.len();
-    Ok(Snapshot {
+    Ok(HotSetSnapshot {
         written_at_ms,
         threads: threads.into_iter().take(max).collect(),
         skipped,
