@@ -41,7 +41,6 @@ pub mod decode;
 pub mod explain;
 pub mod freshness;
 pub mod http;
-pub mod ingest;
 pub mod memory;
 pub mod metrics;
 pub mod partition;

@@ -15,8 +15,8 @@ use chat_history_view::config::Config;
 use chat_history_view::coverage::Coverage;
 use chat_history_view::http::SOURCE_HEADER;
 use chat_history_view::http::{AppState, accept_loop, reserve_router, router_with};
-use chat_history_view::metrics::Metrics;
 use chat_history_view::readiness::Readiness;
+use chat_history_view::startup::Metrics;
 use chat_history_view::startup::openapi_json;
 use chat_history_view::store::Store;
 use tokio_util::sync::CancellationToken;
@@ -87,7 +87,7 @@ async fn serve(
         &config.store,
         config.bounds,
         config.shadow.enabled(),
-        metrics.clone(),
+        Arc::clone(&metrics.store),
         coverage.clone(),
     )
     .await
@@ -108,7 +108,7 @@ async fn serve(
     });
     let views = ViewCache::new(
         store,
-        metrics.clone(),
+        metrics.views(),
         coverage.clone(),
         freshness,
         CacheSetup {
@@ -120,7 +120,8 @@ async fn serve(
     );
     let state = AppState {
         views,
-        metrics: metrics.clone(),
+        metrics: Arc::clone(&metrics.http),
+        exposition: metrics.exposition.clone(),
         readiness: Readiness::new(coverage),
         api_token: None,
         inspector: false,
@@ -163,7 +164,7 @@ async fn serve(
         router_with(state.clone(), fixed),
         reserve_router(state),
         config.http.connection_limits(),
-        metrics,
+        metrics.http,
         TaskTracker::new(),
         stop,
     )

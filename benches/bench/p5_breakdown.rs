@@ -24,8 +24,8 @@ use chat_history_view::config::Config;
 use chat_history_view::coverage::Coverage;
 use chat_history_view::decode::{Decoded, ViewEvent, decode_payload};
 use chat_history_view::freshness::Freshness;
-use chat_history_view::metrics::Metrics;
 use chat_history_view::project::Identity;
+use chat_history_view::startup::Metrics;
 use chat_history_view::store::Store;
 use chat_history_view::subject::DeliveryKey;
 use chat_history_view::view::{Footprint, ThreadView};
@@ -261,7 +261,7 @@ async fn breakdown(mix: &Mix, mongo_uri: &str) -> Breakdown {
         &config.store,
         config.bounds,
         false,
-        metrics.clone(),
+        std::sync::Arc::clone(&metrics.store),
         coverage.clone(),
     )
     .await
@@ -270,7 +270,7 @@ async fn breakdown(mix: &Mix, mongo_uri: &str) -> Breakdown {
     settings.max_bytes = 1 << 40;
     let views = ViewCache::new(
         store,
-        metrics.clone(),
+        metrics.views(),
         coverage.clone(),
         Freshness::new(coverage, config.bounds.persist_lag),
         CacheSetup {

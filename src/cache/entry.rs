@@ -22,12 +22,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 use super::form::{Answer, AnswerSource, Form};
+use super::metrics::ViewMetrics;
 use super::render::Rendering;
 use super::work::StoreSide;
 use crate::coverage::{self, Coverage, Stamp};
 use crate::decode::ViewEvent;
-use crate::ingest::EventOutcome;
-use crate::metrics::Metrics;
 use crate::project::Identity;
 use crate::view::{Inserted, PublisherContext, ThreadView};
 
@@ -96,7 +95,7 @@ pub struct Entry {
 /// view's bytes, and re-checks for events that arrived in between (taking the view again if it is free).
 pub struct ViewGuard<'a> {
     entry: &'a Entry,
-    metrics: &'a Metrics,
+    metrics: &'a ViewMetrics,
     /// `None` only while dropping.
     view: Option<MutexGuard<'a, ThreadView>>,
     /// The view's version when it was taken.
@@ -111,7 +110,7 @@ pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl<'a> ViewGuard<'a> {
     /// Takes over `view` (locked) and applies the waiting events to it.
-    fn new(entry: &'a Entry, metrics: &'a Metrics, view: MutexGuard<'a, ThreadView>) -> Self {
+    fn new(entry: &'a Entry, metrics: &'a ViewMetrics, view: MutexGuard<'a, ThreadView>) -> Self {
         let taken_at = view.version();
         let mut guard = ViewGuard {
             entry,
@@ -144,12 +143,9 @@ impl<'a> ViewGuard<'a> {
             std::mem::take(&mut *waiting)
         };
         for (event, publisher) in waiting {
-            let outcome = match self.insert_live(event, publisher) {
-                // An orphan is counted as such by the insert.
-                Inserted::Added | Inserted::Orphaned => EventOutcome::Relevant,
-                Inserted::Duplicate => EventOutcome::Duplicate,
-            };
-            self.metrics.ingest.event(outcome);
+            // An orphan is counted as such by the insert.
+            let inserted = self.insert_live(event, publisher);
+            self.metrics.applied.count(inserted);
         }
     }
 }
@@ -278,7 +274,7 @@ impl Entry {
     }
 
     /// Locks the view, waiting for another holder, and applies the live events that waited beside it.
-    pub fn lock_view<'a>(&'a self, metrics: &'a Metrics) -> ViewGuard<'a> {
+    pub fn lock_view<'a>(&'a self, metrics: &'a ViewMetrics) -> ViewGuard<'a> {
         ViewGuard::new(self, metrics, lock(&self.view))
     }
 
@@ -298,7 +294,7 @@ impl Entry {
         &self,
         event: ViewEvent,
         publisher: Option<PublisherContext>,
-        metrics: &Metrics,
+        metrics: &ViewMetrics,
     ) -> Option<(Inserted, bool)> {
         let Some(view) = self.try_lock_view() else {
             {
@@ -325,7 +321,7 @@ impl Entry {
         view: &mut ThreadView,
         primary: Option<&Identity>,
         source: AnswerSource,
-        metrics: &Metrics,
+        metrics: &ViewMetrics,
     ) -> Answer<F> {
         let mut rendering = lock(&self.rendering);
         let rendering = rendering.get_or_insert_with(Box::default);
@@ -398,7 +394,33 @@ mod tests {
 
     use super::*;
     use crate::decode::{Decoded, decode_payload};
+    use crate::metrics::Exposition;
     use crate::subject::DeliveryKey;
+
+    /// The cache's metrics with the exposition that renders them.
+    #[derive(Clone)]
+    struct Metrics {
+        views: ViewMetrics,
+        exposition: Exposition,
+    }
+
+    impl Metrics {
+        fn new() -> Self {
+            let (views, exposition) = ViewMetrics::registered();
+            Self { views, exposition }
+        }
+
+        fn render(&self) -> String {
+            self.exposition.render()
+        }
+    }
+
+    impl std::ops::Deref for Metrics {
+        type Target = ViewMetrics;
+        fn deref(&self) -> &ViewMetrics {
+            &self.views
+        }
+    }
 
     fn chunk(event_id: &str, created_at: i64) -> ViewEvent {
         let key = DeliveryKey::parse_subject(&format!(

@@ -1,6 +1,9 @@
 //! The cache wing's metrics: [`CacheMetrics`] (reads, hydrations, re-reads, fills, limits, size, freshness) and
-//! [`ShadowMetrics`] (the shadow checks, run by `shadow.rs`), with the outcome enums only they use.
+//! [`ShadowMetrics`] (the shadow checks, run by `checks.rs`), with the outcome enums only they use; and the wing's
+//! handle, [`ViewMetrics`], which also carries where a view's holder counts the live events it applies
+//! ([`AppliedEvents`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
@@ -8,6 +11,61 @@ use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
 use super::LimitPath;
 use crate::metrics::{Registrar, gauge_value, preset};
 use crate::shadow::{Finding, Verdict};
+use crate::view::Inserted;
+
+/// The view cache's metrics handle. Cloning is cheap.
+#[derive(Clone)]
+pub struct ViewMetrics {
+    pub cache: Arc<CacheMetrics>,
+    pub shadow: Arc<ShadowMetrics>,
+    pub applied: AppliedEvents,
+}
+
+/// Where a view's holder counts the live events that waited beside the view and that it applied: the ingest
+/// path's own outcome counters (`history_view_events_total`'s `relevant` and `duplicate`), handed over by the wiring,
+/// so that an event counts the same whichever path applied it.
+#[derive(Clone)]
+pub struct AppliedEvents {
+    added: IntCounter,
+    duplicate: IntCounter,
+}
+
+impl AppliedEvents {
+    pub fn new(added: IntCounter, duplicate: IntCounter) -> Self {
+        Self { added, duplicate }
+    }
+
+    /// Counts one live event by what its insert did (an orphan is added as far as the ingest path goes: the
+    /// cache counts it as orphaned too).
+    pub fn count(&self, inserted: Inserted) {
+        match inserted {
+            Inserted::Added | Inserted::Orphaned => self.added.inc(),
+            Inserted::Duplicate => self.duplicate.inc(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl ViewMetrics {
+    /// The wing's sets on a registry of their own, the applied events counted as `history_view_events_total` is.
+    pub(crate) fn registered() -> (Self, crate::metrics::Exposition) {
+        crate::metrics::registered(|registrar| {
+            let events = registrar.counter_vec(
+                "history_view_events_total",
+                "Display-event messages received from NATS, by outcome: relevant, duplicate.",
+                &["outcome"],
+            );
+            Self {
+                cache: Arc::new(CacheMetrics::register(registrar)),
+                shadow: Arc::new(ShadowMetrics::register(registrar)),
+                applied: AppliedEvents::new(
+                    events.with_label_values(&["relevant"]),
+                    events.with_label_values(&["duplicate"]),
+                ),
+            }
+        })
+    }
+}
 
 /// What a fill achieved (the `outcome` of `history_view_fills_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

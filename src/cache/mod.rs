@@ -15,8 +15,8 @@
 //! One job a file: `entry.rs` (an entry and its lock order), `work.rs` (the store side's state machine),
 //! `hydrate.rs` (hydrations and re-reads), `fill.rs` (fills), `scan.rs` (explain's row scans and share), `form.rs`
 //! (what a read asks for and gets), `render.rs` (rendering once per version), `limit.rs` (the per-thread limit),
-//! `metrics.rs` (the cache's and the shadow checks' metrics), `warm.rs` (the hot set by read recency, and the
-//! warm-up's hydrations), `settings.rs`; this file holds the public read API and
+//! `metrics.rs` (the cache's and the shadow checks' metrics), `hot_set.rs` (the hot set by read recency, and the
+//! warm hydrations), `settings.rs`; this file holds the public read API and
 //! the moka cache. The store is read
 //! through [`StoreReads`], so `tests.rs` runs every race here on an in-memory store and tokio's paused clock.
 //!
@@ -28,6 +28,7 @@ mod entry;
 mod etag;
 mod fill;
 mod form;
+mod hot_set;
 mod hydrate;
 mod items;
 mod limit;
@@ -38,7 +39,6 @@ mod settings;
 #[cfg(test)]
 mod tests;
 mod transcript;
-mod warm;
 mod work;
 
 use std::sync::Arc;
@@ -55,18 +55,17 @@ use tracing::Instrument;
 pub use checks::{Verified, VerifyReport};
 pub use etag::etag_of;
 pub use form::{Answer, AnswerSource, Facts, Form, HistoryBody};
+pub use hot_set::Warmed;
 pub use items::{ItemId, Items};
 pub use limit::LimitPath;
-pub use metrics::{CacheMetrics, ShadowMetrics};
+pub use metrics::{AppliedEvents, CacheMetrics, ShadowMetrics, ViewMetrics};
 pub use scan::RowScan;
 pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use transcript::Transcript;
-pub use warm::{WarmPlan, WarmReport};
 
 use crate::coverage::Coverage;
 use crate::decode::ViewEvent;
 use crate::freshness::Freshness;
-use crate::metrics::Metrics;
 use crate::project::Identity;
 use crate::shadow::ShadowSettings;
 use crate::store::StoreBounds;
@@ -175,7 +174,7 @@ pub struct ViewCache<S = Store> {
     settings: Arc<CacheSettings>,
     /// The store timeout and the persister-lag bound.
     bounds: StoreBounds,
-    metrics: Metrics,
+    metrics: ViewMetrics,
     /// Whether a store read may complete a view, and the epoch complete views are checked against.
     coverage: Coverage,
     /// Cancels the background re-reads and fills when the service stops.
@@ -227,7 +226,7 @@ impl<S> Clone for ViewCache<S> {
 impl<S: StoreReads> ViewCache<S> {
     pub fn new(
         store: S,
-        metrics: Metrics,
+        metrics: ViewMetrics,
         coverage: Coverage,
         freshness: Freshness,
         setup: CacheSetup,

@@ -7,7 +7,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use super::form::{Answer, AnswerSource, Facts, Form, Forms};
-use crate::metrics::Metrics;
+use super::metrics::ViewMetrics;
 use crate::project::{Identity, Projection};
 use crate::view::ThreadView;
 
@@ -47,7 +47,7 @@ impl Rendering {
         view: &mut ThreadView,
         primary: Option<&Identity>,
         source: AnswerSource,
-        metrics: &Metrics,
+        metrics: &ViewMetrics,
     ) -> Answer<F> {
         let version = view.version();
         self.keep_version(version);
@@ -194,7 +194,13 @@ mod tests {
         primary: Option<&Identity>,
     ) -> Arc<F> {
         rendering
-            .render::<F>("t", view, primary, AnswerSource::Cache, &Metrics::new())
+            .render::<F>(
+                "t",
+                view,
+                primary,
+                AnswerSource::Cache,
+                &ViewMetrics::registered().0,
+            )
             .body
     }
 

@@ -17,11 +17,12 @@ use crate::coverage::Coverage;
 use crate::decode::{Decoded, STORED, ViewEvent, decode_payload};
 use crate::explain::{RowMeta, ViewFates};
 use crate::freshness::{Freshness, Part};
-use crate::metrics::Metrics;
 use crate::shadow::{ShadowSettings, StoredRow, Verdict};
+use crate::startup::Metrics;
 use crate::store::{Bounds, Hydration, StoreBounds, StoreError, StoreReads, VisibleDisplays};
 use crate::subject::DeliveryKey;
 use crate::view::{PublisherContext, event_bytes};
+use crate::warm_up::{WarmMetrics, WarmPlan, WarmReport};
 
 const LAG: Duration = Duration::from_millis(2_000);
 const THREAD: &str = "t";
@@ -313,6 +314,8 @@ struct Scene {
     store: FakeStore,
     coverage: Coverage,
     freshness: Freshness,
+    /// Every wing's metrics, the cache's among them.
+    metrics: Metrics,
     /// Whether the live source keeps proving what it applied ([`probes`]).
     probing: Arc<AtomicBool>,
 }
@@ -369,9 +372,10 @@ impl Scene {
             gap_window: Duration::from_secs(12),
         };
         let freshness = Freshness::new(coverage.clone(), LAG);
+        let metrics = Metrics::new();
         let views = ViewCache::new(
             store.clone(),
-            Metrics::new(),
+            metrics.views(),
             coverage.clone(),
             freshness.clone(),
             setup,
@@ -387,6 +391,7 @@ impl Scene {
             store,
             coverage,
             freshness,
+            metrics,
             probing,
         }
     }
@@ -688,9 +693,9 @@ async fn a_reader_that_goes_away_mid_hydration_hands_the_store_job_to_the_next()
 }
 
 /// The count of one `history_view_shadow_checks_total` result.
-fn shadow_checks(views: &ViewCache<FakeStore>, result: &str) -> f64 {
+fn shadow_checks(scene: &Scene, result: &str) -> f64 {
     let sample = format!("history_view_shadow_checks_total{{result=\"{result}\"}} ");
-    views
+    scene
         .metrics
         .render()
         .lines()
@@ -704,7 +709,7 @@ async fn a_shadow_check_finds_a_stored_row_the_view_lacks_and_heals_the_view() {
     scene.complete_thread().await;
     // The read from memory above was sampled; its view held everything stored.
     tokio::time::sleep(LAG * 8).await;
-    assert_eq!(shadow_checks(&scene.views, "match"), 1.0);
+    assert_eq!(shadow_checks(&scene, "match"), 1.0);
 
     // A row reaches the store by another path than NATS (a backfill): the complete view answers without it.
     scene
@@ -715,20 +720,20 @@ async fn a_shadow_check_finds_a_stored_row_the_view_lacks_and_heals_the_view() {
     assert!(!body(&answer).contains("from-a-backfill"));
     // A second read while its check waits is not checked again.
     scene.read().await.unwrap();
-    assert_eq!(shadow_checks(&scene.views, "dropped"), 1.0);
+    assert_eq!(shadow_checks(&scene, "dropped"), 1.0);
 
     // Past the bound (and, with no probe to prove the link alive, the gap window) the check finds it missing and
     // makes the view partial: the next read hydrates and holds it.
     tokio::time::sleep(Duration::from_secs(13)).await;
-    assert_eq!(shadow_checks(&scene.views, "missing"), 1.0);
+    assert_eq!(shadow_checks(&scene, "missing"), 1.0);
     let healed = scene.read().await.unwrap();
     assert_eq!(healed.source, AnswerSource::Store);
     assert!(body(&healed).contains("from-a-backfill"));
 }
 
-fn orphaned_events(views: &ViewCache<FakeStore>) -> f64 {
+fn orphaned_events(scene: &Scene) -> f64 {
     crate::metrics::sample(
-        &views.metrics.render(),
+        &scene.metrics.render(),
         "history_view_orphaned_events_total",
     )
     .unwrap()
@@ -747,15 +752,15 @@ async fn a_deleted_thread_leaves_memory_by_a_shadow_check_and_its_next_hydration
     // The check, the bound after the read, finds the held turn orphaned and makes the view partial.
     tokio::time::sleep(LAG + Duration::from_millis(100)).await;
     settle().await;
-    assert_eq!(shadow_checks(&scene.views, "orphaned"), 1.0);
-    assert_eq!(shadow_checks(&scene.views, "missing"), 0.0);
+    assert_eq!(shadow_checks(&scene, "orphaned"), 1.0);
+    assert_eq!(shadow_checks(&scene, "missing"), 0.0);
     // The next read hydrates and leaves the turn out, as aihub's own read does.
     let answer = scene.read().await.unwrap();
     assert_eq!(answer.source, AnswerSource::Store);
     assert!(!body(&answer).contains("answer-one"), "{}", body(&answer));
     // Its marker: the answer stays, on a display no longer visible, as the store's rows of it would be (stage 2
     // reads only visible displays, so nothing says whether the store still has it).
-    assert_eq!(orphaned_events(&scene.views), 1.0);
+    assert_eq!(orphaned_events(&scene), 1.0);
     assert_eq!(scene.read().await.unwrap().source, AnswerSource::Cache);
 }
 
@@ -787,14 +792,14 @@ async fn a_hydration_drops_replayed_events_of_a_deleted_thread_and_keeps_those_t
     assert!(!text.contains("answer-one"), "{text}");
     assert!(text.contains("answer-two"), "{text}");
     // The old turn's marker; its answer stays held, on a display no longer visible.
-    assert_eq!(orphaned_events(&scene.views), 1.0);
+    assert_eq!(orphaned_events(&scene), 1.0);
     // The replay goes on after the hydration: an old event of the deleted turn is judged by its cut too.
     scene
         .views
         .apply(replayed(user("d2", "u-old", 1)), None)
         .await;
     assert_eq!(body(&scene.read().await.unwrap()), text);
-    assert_eq!(orphaned_events(&scene.views), 2.0);
+    assert_eq!(orphaned_events(&scene), 2.0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -812,8 +817,8 @@ async fn a_failure_followed_by_a_gap_counts_as_a_window_and_verify_reports_it_on
     tokio::time::sleep(LAG + Duration::from_secs(1)).await;
     scene.coverage.gap(scene.coverage.now());
     tokio::time::sleep(Duration::from_secs(13)).await;
-    assert_eq!(shadow_checks(&scene.views, "window"), 1.0);
-    assert_eq!(shadow_checks(&scene.views, "missing"), 0.0);
+    assert_eq!(shadow_checks(&scene, "window"), 1.0);
+    assert_eq!(shadow_checks(&scene, "missing"), 0.0);
 
     // On demand: the view (hydrated again) holds the row now.
     scene.probing.store(true, Ordering::Release);
@@ -858,8 +863,8 @@ async fn verify_has_a_budget_of_its_own_and_beyond_it_is_refused_without_a_store
         queries + 2,
         "refused: no query"
     );
-    assert_eq!(shadow_checks(&scene.views, "refused"), 50.0);
-    assert_eq!(shadow_checks(&scene.views, "match"), 2.0);
+    assert_eq!(shadow_checks(&scene, "refused"), 50.0);
+    assert_eq!(shadow_checks(&scene, "match"), 2.0);
 
     // Half a second refills one token.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -907,9 +912,9 @@ async fn verify_of_a_view_not_complete_answers_not_complete_and_counts_no_failur
     assert!(report.divergent.is_empty());
     assert_eq!(report.counts["missing"], 0);
     assert_eq!(scene.store.calls(Query::Markers), queries, "not compared");
-    assert_eq!(shadow_checks(&scene.views, "not_complete"), 1.0);
+    assert_eq!(shadow_checks(&scene, "not_complete"), 1.0);
     for failure in ["missing", "late", "differs"] {
-        assert_eq!(shadow_checks(&scene.views, failure), 0.0, "{failure}");
+        assert_eq!(shadow_checks(&scene, failure), 0.0, "{failure}");
     }
 
     // Completed by its re-read past the bound, it holds the row: compared now, it matches.
@@ -1164,10 +1169,22 @@ async fn an_explain_of_a_cold_thread_hydrates_within_the_share() {
 }
 
 /// The warm-up's plan: `rate` a second, for `secs` from now.
-fn warm_plan(rate: u32, secs: u64) -> super::WarmPlan {
-    super::WarmPlan {
+fn warm_plan(rate: u32, secs: u64) -> WarmPlan {
+    WarmPlan {
         rate,
         deadline: tokio::time::Instant::now() + Duration::from_secs(secs),
+    }
+}
+
+/// The warm-up ([`crate::warm_up::warm_up`]) of a test cache, counted on a registry of its own.
+trait WarmUp {
+    async fn warm_up(&self, threads: Vec<String>, plan: WarmPlan) -> WarmReport;
+}
+
+impl WarmUp for ViewCache<FakeStore> {
+    async fn warm_up(&self, threads: Vec<String>, plan: WarmPlan) -> WarmReport {
+        let metrics = Arc::new(WarmMetrics::register(&mut crate::metrics::Registrar::new()));
+        crate::warm_up::warm_up(self, threads, plan, &metrics).await
     }
 }
 
@@ -1318,8 +1335,14 @@ async fn the_warm_up_holds_at_most_half_the_slots() {
 async fn the_warm_up_stops_at_its_deadline_and_leaves_the_rest_pending() {
     let scene = Scene::new();
     scene.past_the_bound().await;
-    let metrics = scene.views.metrics.clone();
-    let report = scene.views.warm_up(warm_threads(10), warm_plan(1, 3)).await;
+    let metrics = scene.metrics.clone();
+    let report = crate::warm_up::warm_up(
+        &scene.views,
+        warm_threads(10),
+        warm_plan(1, 3),
+        &metrics.warm,
+    )
+    .await;
     assert!(report.hit_deadline);
     assert_eq!(report.listed, 10);
     assert_eq!(report.hydrated, 3);

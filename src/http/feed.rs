@@ -26,9 +26,8 @@ use tokio_util::sync::CancellationToken;
 use super::metrics::HttpRefusal;
 use super::read::{Pace, STORE_REREAD_INTERVAL, Seen, ThreadRequest, next_change};
 use super::route::{Forward, route};
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, HttpMetrics};
 use crate::cache::{Answer, AnswerSource, Transcript};
-use crate::metrics::Metrics;
 use crate::project::Identity;
 
 /// Changes that follow an event within this time are sent together, in one event, after it.
@@ -85,7 +84,7 @@ async fn open(
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let Ok(permit) = Arc::clone(&state.streams).try_acquire_owned() else {
-        state.metrics.http.refused(HttpRefusal::Streams);
+        state.metrics.refused(HttpRefusal::Streams);
         return Err(ApiError::Overloaded);
     };
     // The feed starts from a complete answer, like a read: an error here is the read's error.
@@ -150,7 +149,7 @@ async fn resume(
         Some(_) if answer.source == AnswerSource::Cache => FeedEvent::Update,
         _ => FeedEvent::Snapshot,
     };
-    state.metrics.http.feed_resume(outcome);
+    state.metrics.feed_resume(outcome);
     digests.filter(|_| outcome == FeedEvent::Update)
 }
 
@@ -179,7 +178,7 @@ impl Sent {
 /// One open feed.
 struct Feed {
     views: crate::cache::ViewCache,
-    metrics: Metrics,
+    metrics: Arc<HttpMetrics>,
     thread: String,
     primary: Option<Identity>,
     sent: Sent,
@@ -251,7 +250,7 @@ impl Feed {
         } else {
             0
         };
-        self.metrics.http.feed_event(kind, coalesced);
+        self.metrics.feed_event(kind, coalesced);
         let body = match kind {
             FeedEvent::Snapshot => answer.body.snapshot(&self.thread),
             FeedEvent::Update => answer.body.update(from),
@@ -298,12 +297,12 @@ impl FeedEvent {
 /// A feed's permit and its place in `history_view_feed_streams`, both given back when the feed ends.
 struct StreamSlot {
     _permit: OwnedSemaphorePermit,
-    metrics: Metrics,
+    metrics: Arc<HttpMetrics>,
 }
 
 impl StreamSlot {
-    fn new(permit: OwnedSemaphorePermit, metrics: &Metrics) -> Self {
-        metrics.http.feed_streams(1);
+    fn new(permit: OwnedSemaphorePermit, metrics: &Arc<HttpMetrics>) -> Self {
+        metrics.feed_streams(1);
         Self {
             _permit: permit,
             metrics: metrics.clone(),
@@ -313,7 +312,7 @@ impl StreamSlot {
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.metrics.http.feed_streams(-1);
+        self.metrics.feed_streams(-1);
     }
 }
 

@@ -15,6 +15,7 @@ mod read;
 mod route;
 mod serve;
 mod settings;
+mod start;
 mod tokens;
 mod traceparent;
 
@@ -34,10 +35,11 @@ pub use read::{COVERED_THROUGH_HEADER, SOURCE_HEADER, ThreadId, canonical_object
 pub use route::{FORWARDED_HEADER, Peers};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
 pub use settings::{HttpSettings, Inspector};
+pub use start::Listeners;
 pub use tokens::ApiTokens;
 
 use crate::cache::ViewCache;
-use crate::metrics::Metrics;
+use crate::metrics::Exposition;
 use crate::readiness::Readiness;
 use metrics::HttpRefusal;
 
@@ -45,7 +47,10 @@ use metrics::HttpRefusal;
 #[derive(Clone)]
 pub struct AppState {
     pub views: ViewCache,
-    pub metrics: Metrics,
+    /// The HTTP side's metrics.
+    pub metrics: Arc<HttpMetrics>,
+    /// Every wing's metrics, rendered at `/metrics`.
+    pub exposition: Exposition,
     pub readiness: Readiness,
     /// When set, `/v1/*` requires `Authorization: Bearer <token>` with one of these tokens
     /// (`HISTORY_VIEW_API_TOKEN`, or the lines of `HISTORY_VIEW_API_TOKEN_FILE`, which its watcher follows).
@@ -192,7 +197,7 @@ async fn count_errors(State(state): State<AppState>, request: Request, next: Nex
     let response = next.run(request).await;
     let status = response.status();
     if !(status.is_success() || status == axum::http::StatusCode::NOT_MODIFIED) {
-        state.metrics.http.read_error(status.as_u16());
+        state.metrics.read_error(status.as_u16());
     }
     response
 }
@@ -207,14 +212,14 @@ async fn limit_in_flight(
 ) -> Result<Response, ApiError> {
     if read::waits_for_run(request.uri()) {
         let Ok(_waiting) = state.waiting.try_acquire() else {
-            state.metrics.http.refused(HttpRefusal::Waiting);
+            state.metrics.refused(HttpRefusal::Waiting);
             return Err(ApiError::Overloaded);
         };
         let _counted = WaitingRead::new(&state.metrics);
         return Ok(next.run(request).await);
     }
     let Ok(_permit) = state.reads.try_acquire() else {
-        state.metrics.http.refused(HttpRefusal::InFlight);
+        state.metrics.refused(HttpRefusal::InFlight);
         return Err(ApiError::Overloaded);
     };
     Ok(next.run(request).await)
@@ -222,18 +227,18 @@ async fn limit_in_flight(
 
 /// A read waiting for a run, counted in `history_view_http_waiting_reads` until it is dropped (however the request
 /// ends: a client that goes away drops it too).
-struct WaitingRead<'a>(&'a Metrics);
+struct WaitingRead<'a>(&'a HttpMetrics);
 
 impl<'a> WaitingRead<'a> {
-    fn new(metrics: &'a Metrics) -> Self {
-        metrics.http.waiting_reads(1);
+    fn new(metrics: &'a HttpMetrics) -> Self {
+        metrics.waiting_reads(1);
         Self(metrics)
     }
 }
 
 impl Drop for WaitingRead<'_> {
     fn drop(&mut self) {
-        self.0.http.waiting_reads(-1);
+        self.0.waiting_reads(-1);
     }
 }
 

@@ -37,14 +37,14 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     state.views.report_size().await;
     let readiness = &state.readiness;
-    state.metrics.http.readiness(
+    state.metrics.readiness(
         readiness.nats().ok,
         readiness.store().ok,
         readiness.nats_connected(),
     );
     (
         [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
-        state.metrics.render(),
+        state.exposition.render(),
     )
 }
 

@@ -282,7 +282,7 @@ pub async fn read<F: Form>(
             state.views.read_uncached::<F>(thread, primary).await
         }
         .map_err(|error| ApiError::from_read(error, thread))?;
-        state.metrics.http.read(answer.source, started.elapsed());
+        state.metrics.read(answer.source, started.elapsed());
         Ok::<_, ApiError>(answer)
     };
     let Some(wait) = wait else {

@@ -130,11 +130,11 @@ pub(super) async fn route(
     };
     let partition = match peers.owner_elsewhere(thread) {
         None => {
-            state.metrics.http.read_route(ReadRoute::Local);
+            state.metrics.read_route(ReadRoute::Local);
             return Routed::Local;
         }
         Some(_) if headers.contains_key(FORWARDED_HEADER) => {
-            state.metrics.http.read_route(ReadRoute::Loop);
+            state.metrics.read_route(ReadRoute::Loop);
             return Routed::Misdirected;
         }
         Some(owner) => owner,
@@ -154,7 +154,7 @@ pub(super) async fn route(
     };
     match forwarded {
         Ok(response) if response.status() == StatusCode::MISDIRECTED_REQUEST => {
-            state.metrics.http.read_route(ReadRoute::Misdirected);
+            state.metrics.read_route(ReadRoute::Misdirected);
             if peers.warnings.allow() {
                 tracing::warn!(
                     partition,
@@ -164,11 +164,11 @@ pub(super) async fn route(
             Routed::OwnerSilent
         }
         Ok(response) => {
-            state.metrics.http.read_route(ReadRoute::Forwarded);
+            state.metrics.read_route(ReadRoute::Forwarded);
             Routed::Forwarded(response)
         }
         Err(error) => {
-            state.metrics.http.read_route(ReadRoute::OwnerUnreachable);
+            state.metrics.read_route(ReadRoute::OwnerUnreachable);
             if peers.warnings.allow() {
                 tracing::warn!(partition, %error, "the owner of a thread did not answer a forwarded request (a read is answered from the store, a feed or verify 503)");
             }

@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_service::Service;
 
+use super::HttpMetrics;
 use super::metrics::{HttpRefusal, HttpTimeout};
-use crate::metrics::Metrics;
 
 /// Connections beyond the cap that are still accepted, to answer the probes and `/metrics` only.
 pub const RESERVED_CONNECTIONS: usize = 16;
@@ -49,7 +49,7 @@ pub async fn accept_loop(
     api: Router,
     reserve: Router,
     limits: ConnectionLimits,
-    metrics: Metrics,
+    metrics: Arc<HttpMetrics>,
     connections: TaskTracker,
     stop: CancellationToken,
 ) {
@@ -73,10 +73,10 @@ pub async fn accept_loop(
         let (router, slot) = if let Ok(slot) = Arc::clone(&api_slots).try_acquire_owned() {
             (api.clone(), slot)
         } else if let Ok(slot) = Arc::clone(&reserve_slots).try_acquire_owned() {
-            metrics.http.refused(HttpRefusal::Connections);
+            metrics.refused(HttpRefusal::Connections);
             (reserve.clone(), slot)
         } else {
-            metrics.http.refused(HttpRefusal::Connections);
+            metrics.refused(HttpRefusal::Connections);
             drop(stream);
             continue;
         };
@@ -98,7 +98,7 @@ async fn serve_connection(
     router: Router,
     _slot: OwnedSemaphorePermit,
     limits: ConnectionLimits,
-    metrics: Metrics,
+    metrics: Arc<HttpMetrics>,
     stop: CancellationToken,
 ) {
     let activity = Arc::new(Watch {
@@ -131,7 +131,7 @@ async fn serve_connection(
         .keep_alive(true)
         .serve_connection(io, service);
     tokio::pin!(connection);
-    metrics.http.connection_opened();
+    metrics.connection_opened();
     let mut stopping = false;
     loop {
         let deadline = activity.lock().deadline(&limits);
@@ -147,13 +147,13 @@ async fn serve_connection(
             () = tokio::time::sleep_until(deadline.at) => {
                 if activity.lock().deadline(&limits).at <= Instant::now() {
                     // Dropping the connection closes the socket.
-                    metrics.http.timeout(deadline.kind);
+                    metrics.timeout(deadline.kind);
                     break;
                 }
             }
         }
     }
-    metrics.http.connection_closed();
+    metrics.connection_closed();
 }
 
 /// What a connection is doing, as its watchdog sees it.

@@ -1,9 +1,10 @@
-//! Core NATS (`HISTORY_VIEW_SOURCE=core`): the subscription loop (each message through [`Ingest::handle`]) and the
-//! connection watcher, which confirms the subscription by a round trip and turns possible losses into gaps
+//! Core NATS (`HISTORY_VIEW_SOURCE=core`): the subscription loop ([`run`], each message to the [`Sink`], as the
+//! JetStream consumers deliver theirs) and the connection [`Watcher`], which confirms the subscription by a round trip and turns possible losses into gaps
 //! ([`Coverage`]); with the JetStream source the watcher only logs, counts and keeps readiness, and a loss makes
 //! the consumers resume ([`super::CatchUp::connection_lost`]).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -12,12 +13,13 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::coverage::Coverage;
-use crate::coverage::Stamp;
-use crate::freshness::Part;
-use crate::ingest::{EventOutcome, Ingest};
-use crate::source::Source;
-use crate::source::connect::ConnectionLog;
+use super::connect::ConnectionLog;
+use super::ingest::{EventOutcome, IngestMetrics};
+use super::{Sink, Source, SourceMetrics};
+use crate::coverage::{Coverage, Stamp};
+use crate::freshness::{Freshness, Part};
+use crate::readiness::Readiness;
+use crate::telemetry::RateLimit;
 
 /// Most messages still buffered in the subscription that are applied after a stop request; the rest are left
 /// (the views are dropped with the process anyway).
@@ -28,77 +30,120 @@ const DRAIN_LIMIT: usize = 10_000;
 const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-impl Ingest {
-    /// Consumes `subscriber` until `stop` is cancelled or the subscription ends. After a stop, unsubscribes and
-    /// applies what was already buffered (bounded by [`DRAIN_LIMIT`]).
-    ///
-    /// With `probes` (Core NATS), the replies to the worker's round-trip probes come through this loop too: a
-    /// reply is handed to the watcher only once the display-event subscription has been found empty after it
-    /// arrived. The client puts a connection's messages in their subscriptions' queues in the order the server sent
-    /// them, so by then every event received before the reply has been applied (or waits beside its view, applied
-    /// before any read of it): the probe's send time is an instant every answer from memory covers
-    /// ([`crate::freshness`]).
-    ///
-    /// Returns normally only on a stop request; `Err(())` when the subscription ended by itself.
-    pub async fn run(
-        self,
-        mut subscriber: Subscriber,
-        mut probes: Option<Probes>,
-        stop: CancellationToken,
-    ) -> Result<(), ()> {
-        self.readiness.set_subscribed(true);
-        let mut reply: Option<u64> = None;
-        // One cancellation future for the whole loop: a new one per message would register with the token and
-        // deregister again (a lock each) for every event.
-        let stopped = stop.cancelled();
-        tokio::pin!(stopped);
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut stopped => break,
-                message = subscriber.next() => match message {
-                    Some(message) => self.handle(message).await,
-                    None => {
-                        self.readiness.set_subscribed(false);
-                        tracing::error!("the NATS subscription ended");
-                        return Err(());
-                    }
-                },
-                // Polled only after the subscription was found empty in this round, which began after the reply
-                // arrived.
-                () = std::future::ready(()), if reply.is_some() => {
-                    if let (Some(sequence), Some(probes)) = (reply.take(), probes.as_ref()) {
-                        // Full: the watcher is behind on replies; the next probe's reply serves as well.
-                        let _ = probes.applied.try_send(sequence);
-                    }
+/// Consumes `subscriber` into `sink` until `stop` is cancelled or the subscription ends. After a stop,
+/// unsubscribes and applies what was already buffered (bounded by [`DRAIN_LIMIT`]).
+///
+///
+/// With `probes`, the replies to the worker's round-trip probes come through this loop too: a reply is handed to
+/// the watcher only once the display-event subscription has been found empty after it arrived. The client puts a
+/// connection's messages in their subscriptions' queues in the order the server sent them, so by then every event
+/// received before the reply has been applied (or waits beside its view, applied before any read of it): the
+/// probe's send time is an instant every answer from memory covers ([`crate::freshness`]).
+///
+/// Returns normally only on a stop request; `Err(())` when the subscription ended by itself.
+pub async fn run(
+    sink: impl Sink,
+    readiness: Readiness,
+    mut subscriber: Subscriber,
+    mut probes: Option<Probes>,
+    stop: CancellationToken,
+) -> Result<(), ()> {
+    readiness.set_subscribed(true);
+    let mut reply: Option<u64> = None;
+    // One cancellation future for the whole loop: a new one per message would register with the token and
+    // deregister again (a lock each) for every event.
+    let stopped = stop.cancelled();
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut stopped => break,
+            message = subscriber.next() => match message {
+                Some(message) => apply(&sink, &message).await,
+                None => {
+                    readiness.set_subscribed(false);
+                    tracing::error!("the NATS subscription ended");
+                    return Err(());
                 }
-                message = next_reply(&mut probes), if reply.is_none() => match message {
-                    Some(message) => {
-                        reply = std::str::from_utf8(&message.payload).ok().and_then(|s| s.parse().ok());
-                    }
-                    None => {
-                        tracing::error!("the subscription confirmation probe ended");
-                        probes = None;
-                    }
-                },
+            },
+            // Polled only after the subscription was found empty in this round, which began after the reply
+            // arrived.
+            () = std::future::ready(()), if reply.is_some() => {
+                if let (Some(sequence), Some(probes)) = (reply.take(), probes.as_ref()) {
+                    // Full: the watcher is behind on replies; the next probe's reply serves as well.
+                    let _ = probes.applied.try_send(sequence);
+                }
             }
+            message = next_reply(&mut probes), if reply.is_none() => match message {
+                Some(message) => {
+                    reply = std::str::from_utf8(&message.payload).ok().and_then(|s| s.parse().ok());
+                }
+                None => {
+                    tracing::error!("the subscription confirmation probe ended");
+                    probes = None;
+                }
+            },
         }
-        self.readiness.set_subscribed(false);
-        // Stop intake first, then apply what already arrived.
-        if let Err(error) = subscriber.unsubscribe().await {
-            tracing::debug!(%error, "unsubscribe on shutdown failed");
+    }
+    readiness.set_subscribed(false);
+    // Stop intake first, then apply what already arrived.
+    if let Err(error) = subscriber.unsubscribe().await {
+        tracing::debug!(%error, "unsubscribe on shutdown failed");
+    }
+    let mut drained = 0;
+    while drained < DRAIN_LIMIT {
+        match tokio::time::timeout(std::time::Duration::from_millis(50), subscriber.next()).await {
+            Ok(Some(message)) => apply(&sink, &message).await,
+            _ => break,
         }
-        let mut drained = 0;
-        while drained < DRAIN_LIMIT {
-            match tokio::time::timeout(std::time::Duration::from_millis(50), subscriber.next())
-                .await
-            {
-                Ok(Some(message)) => self.handle(message).await,
-                _ => break,
-            }
-            drained += 1;
+        drained += 1;
+    }
+    Ok(())
+}
+
+/// One Core message to the sink, stamped with its arrival at the worker
+/// ([`crate::decode::ViewEvent::arrived`]: the ingest clock on Core NATS).
+async fn apply(sink: &impl Sink, message: &Message) {
+    let arrived = crate::decode::arrival(std::time::SystemTime::now());
+    sink.apply(
+        &message.subject,
+        &message.payload,
+        message.headers.as_ref(),
+        arrived,
+    )
+    .await;
+}
+
+/// The connection watcher's state: what it keeps current, and where it counts.
+#[derive(Clone)]
+pub struct Watcher {
+    pub readiness: Readiness,
+    pub coverage: Coverage,
+    /// Moved when a probe's reply has been applied.
+    pub freshness: Freshness,
+    pub metrics: Arc<SourceMetrics>,
+    /// Where subjects the client skipped count (as `bad_subject`).
+    pub ingest: Arc<IngestMetrics>,
+    /// Log rate limit for messages whose subject is not UTF-8.
+    bad_subject_log: Arc<RateLimit>,
+}
+
+impl Watcher {
+    pub fn new(
+        readiness: Readiness,
+        coverage: Coverage,
+        freshness: Freshness,
+        metrics: Arc<SourceMetrics>,
+        ingest: Arc<IngestMetrics>,
+    ) -> Self {
+        Self {
+            readiness,
+            coverage,
+            freshness,
+            metrics,
+            ingest,
+            bad_subject_log: Arc::default(),
         }
-        Ok(())
     }
 
     /// Watches the connection until `stop` is cancelled: logs and counts connection events, keeps readiness's
@@ -196,9 +241,7 @@ impl Ingest {
             .skipped_non_utf8_messages
             .load(Ordering::Relaxed);
         if total > before {
-            self.metrics
-                .ingest
-                .events(EventOutcome::BadSubject, total - before);
+            self.ingest.events(EventOutcome::BadSubject, total - before);
             if self.bad_subject_log.allow() {
                 tracing::warn!(
                     messages = total - before,
@@ -217,7 +260,7 @@ impl Ingest {
             Event::Disconnected | Event::Closed => self.readiness.set_connected(false),
             _ => {}
         }
-        self.metrics.source.nats_connection_event(event);
+        self.metrics.nats_connection_event(event);
         log.log(event, is_gap(event), std::time::Instant::now());
         matches!(event, Event::Connected)
     }

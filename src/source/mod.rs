@@ -17,21 +17,23 @@
 //! Every case of [design 2.1.3](../../docs/design.md#2.1.3)'s table is a gap, "behind" or fail-closed here.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::coverage::{Coverage, Stamp};
 use crate::freshness::{Freshness, Part};
-use crate::metrics::Metrics;
 
 pub mod api;
 pub mod connect;
 mod consumer;
 pub mod core;
 mod discovery;
+mod ingest;
 mod metrics;
 mod partitioned;
 mod rule;
 pub mod settings;
+mod start;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -39,14 +41,16 @@ pub mod witness;
 
 pub use crate::catch_up::{CatchUp, Lane, Refusal};
 pub use discovery::{JetStreamSettings, JetStreamSource, filter_subjects, matches_pattern};
+pub use ingest::{EventOutcome, Ingest, IngestMetrics};
 pub use metrics::{ResumeOutcome, SourceMetrics};
 pub use settings::Source;
+pub use start::{LiveSource, Parts};
 pub use witness::Witness;
 
 /// Added to a moment read off the server's clock: the server's clock may run behind the worker's.
 pub const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
 
-/// Where an event goes once a source has it: subject → decode → view ([`crate::ingest::Ingest`]).
+/// Where an event goes once a source has it: subject → decode → view ([`Ingest`]).
 pub trait Sink: Clone + Send + Sync + 'static {
     /// One message by its subject, payload and headers (Core NATS and JetStream both deliver headers: a
     /// publisher's W3C trace context, [`crate::telemetry::trace::publisher_context`]), received at `arrived`
@@ -199,7 +203,7 @@ pub enum SourceEvent<'a> {
 pub struct Tracker {
     coverage: Coverage,
     freshness: Freshness,
-    metrics: Metrics,
+    metrics: Arc<SourceMetrics>,
     timing: Timing,
     /// The Core witness, told of every delivery.
     witness: Option<Witness>,
@@ -209,12 +213,12 @@ impl Tracker {
     pub fn new(
         coverage: Coverage,
         freshness: Freshness,
-        metrics: Metrics,
+        metrics: Arc<SourceMetrics>,
         timing: Timing,
         witness: Option<Witness>,
     ) -> Self {
         // Every JetStream worker exports them at zero, the witness's results too (a panel sees 0, not nothing).
-        metrics.source.preset_jetstream();
+        metrics.preset_jetstream();
         Self {
             coverage,
             freshness,
@@ -253,9 +257,7 @@ impl Tracker {
                 sequence,
                 pending,
             } => {
-                self.metrics
-                    .source
-                    .jetstream_applied(stream, sequence, pending);
+                self.metrics.jetstream_applied(stream, sequence, pending);
                 if let Some(witness) = &self.witness {
                     witness.delivered(subject);
                 }
@@ -293,7 +295,7 @@ impl Tracker {
                             at: None,
                         });
                     }
-                    self.metrics.source.jetstream_refusing(stream, was, false);
+                    self.metrics.jetstream_refusing(stream, was, false);
                     self.clear(&Lane::Refusing(stream.to_owned(), was));
                 }
                 if let Some(now) = now.filter(|now| Some(*now) != was) {
@@ -304,7 +306,7 @@ impl Tracker {
                          and reads go to the store until it is fixed (see the runbook)",
                         now.describe()
                     );
-                    self.metrics.source.jetstream_refusing(stream, now, true);
+                    self.metrics.jetstream_refusing(stream, now, true);
                     self.block(&Lane::Refusing(stream.to_owned(), now));
                 }
             }
@@ -324,28 +326,26 @@ impl Tracker {
                     cause = cause.label(),
                     "an event of a consumed stream may be lost: a gap (every complete view hydrates again)"
                 );
-                self.metrics.source.jetstream_resume(ResumeOutcome::Gap);
-                self.metrics.source.jetstream_gap(cause);
+                self.metrics.jetstream_resume(ResumeOutcome::Gap);
+                self.metrics.jetstream_gap(cause);
                 let at = at.map_or_else(|| self.coverage.now(), |at| self.coverage.stamp_of(at));
                 self.coverage.gap(at);
             }
             SourceEvent::Continued => {
-                self.metrics
-                    .source
-                    .jetstream_resume(ResumeOutcome::Continued);
+                self.metrics.jetstream_resume(ResumeOutcome::Continued);
             }
             SourceEvent::StreamAdded(stream) => {
                 self.freshness.track(Part::Stream(stream.to_owned()));
-                self.metrics.source.jetstream_streams(1);
+                self.metrics.jetstream_streams(1);
                 // A consumed stream exports its refusals at 0 (a panel sees 0, not nothing).
                 for cause in Refusal::ALL {
-                    self.metrics.source.jetstream_refusing(stream, cause, false);
+                    self.metrics.jetstream_refusing(stream, cause, false);
                 }
             }
             SourceEvent::StreamRemoved(stream) => {
                 self.freshness.forget(&Part::Stream(stream.to_owned()));
                 self.catch_up().forget(&Lane::Stream(stream.to_owned()));
-                self.metrics.source.jetstream_streams(-1);
+                self.metrics.jetstream_streams(-1);
                 self.lanes_changed();
             }
         }
@@ -381,7 +381,6 @@ impl Tracker {
 
     fn lanes_changed(&self) {
         self.metrics
-            .source
             .jetstream_behind(!self.catch_up().lanes_caught_up());
     }
 }

@@ -16,10 +16,9 @@ use tokio_util::sync::CancellationToken;
 use super::api::{
     Api, Consumer, ConsumerState, Delivery, JsApiError, SourceState, Start, StreamState,
 };
-use super::{JetStreamSettings, JetStreamSource, Lane, Sink, Timing, Tracker};
+use super::{JetStreamSettings, JetStreamSource, Lane, Sink, SourceMetrics, Timing, Tracker};
 use crate::coverage::Coverage;
 use crate::freshness::Freshness;
-use crate::metrics::Metrics;
 use crate::partition::{Partitioning, StreamSettings};
 
 const LAG: Duration = Duration::from_millis(2_000);
@@ -454,7 +453,9 @@ fn harness(fake: Fake, partitioned: Option<(Partitioning, StreamSettings)>) -> H
     let tracker = Tracker::new(
         coverage.clone(),
         freshness.clone(),
-        Metrics::new(),
+        Arc::new(SourceMetrics::register(
+            &mut crate::metrics::Registrar::new(),
+        )),
         Timing::for_lag(LAG),
         None,
     );

@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coverage::{Coverage, bucket};
 use crate::freshness::Freshness;
-use crate::metrics::Metrics;
 use crate::partition::Partitioning;
+use crate::source::SourceMetrics;
 use crate::subject::DeliveryKey;
 
 /// An event seen on Core is judged once the source has applied everything stored this long after it arrived: the
@@ -50,7 +50,7 @@ struct Inner {
     hasher: foldhash::quality::RandomState,
     coverage: Coverage,
     freshness: Freshness,
-    metrics: Metrics,
+    metrics: Arc<SourceMetrics>,
     /// Partitioned workers witness only the threads they own.
     partitioning: Option<Partitioning>,
 }
@@ -75,7 +75,7 @@ impl Witness {
     pub fn new(
         coverage: Coverage,
         freshness: Freshness,
-        metrics: Metrics,
+        metrics: Arc<SourceMetrics>,
         partitioning: Option<Partitioning>,
     ) -> Self {
         Self {
@@ -113,10 +113,7 @@ impl Witness {
         if state.waiting.len() == MAX_WAITING {
             state.waiting.pop_front();
             drop(state);
-            self.inner
-                .metrics
-                .source
-                .witnessed(WitnessOutcome::Overflow, 1);
+            self.inner.metrics.witnessed(WitnessOutcome::Overflow, 1);
             self.inner.coverage.gap(self.inner.coverage.now());
             state = self.lock();
         }
@@ -165,7 +162,6 @@ impl Witness {
         }
         self.inner
             .metrics
-            .source
             .witnessed(WitnessOutcome::Delivered, matched);
         if !missing.is_empty() {
             let at = self.inner.coverage.now();
@@ -174,7 +170,6 @@ impl Witness {
             }
             self.inner
                 .metrics
-                .source
                 .witnessed(WitnessOutcome::Missing, missing.len() as u64);
             tracing::warn!(
                 events = missing.len(),
@@ -261,7 +256,9 @@ mod tests {
         let witness = Witness::new(
             coverage.clone(),
             Freshness::new(coverage.clone(), LAG),
-            Metrics::new(),
+            Arc::new(SourceMetrics::register(
+                &mut crate::metrics::Registrar::new(),
+            )),
             None,
         );
         (witness, coverage)
@@ -328,7 +325,9 @@ mod tests {
         let witness = Witness::new(
             coverage.clone(),
             Freshness::new(coverage, LAG),
-            Metrics::new(),
+            Arc::new(SourceMetrics::register(
+                &mut crate::metrics::Registrar::new(),
+            )),
             Some(partitioning.clone()),
         );
         let (mine, other) = (0..)

@@ -90,7 +90,24 @@ mod tests {
     use mongodb::error::{CommandError, Error as MongoError, ErrorKind};
 
     use super::*;
-    use crate::metrics::Metrics;
+    use crate::metrics::{Exposition, registered};
+
+    /// The store's metric set on a registry of its own.
+    struct Metrics {
+        store: StoreMetrics,
+        exposition: Exposition,
+    }
+
+    impl Metrics {
+        fn new() -> Self {
+            let (store, exposition) = registered(StoreMetrics::register);
+            Self { store, exposition }
+        }
+
+        fn render(&self) -> String {
+            self.exposition.render()
+        }
+    }
 
     fn missing_index() -> StoreError {
         let message = "hint provided does not correspond to an existing index";

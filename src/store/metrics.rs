@@ -131,14 +131,14 @@ impl StoreMetrics {
 
 #[cfg(test)]
 mod tests {
-    use crate::metrics::{Metrics, sample};
+    use crate::metrics::{registered, sample};
 
     use super::*;
 
     #[test]
     fn a_lag_outside_zero_to_a_day_is_counted_apart_and_kept_out_of_the_histogram() {
-        let metrics = Metrics::new();
-        let store = &metrics.store;
+        let (store, metrics) = registered(StoreMetrics::register);
+        let store = &store;
         let bound = Duration::from_secs(2);
         let second: i128 = 1_000_000_000;
         // Stored within the second its `_id` counts: not negative, observed as 0.

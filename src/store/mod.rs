@@ -47,7 +47,6 @@ pub use settings::{DEFAULT_FILL_INDEX_HINT, DEFAULT_INDEX_HINT, StoreBounds, Sto
 use crate::coverage::Coverage;
 use crate::decode::ViewEvent;
 use crate::explain::RowMeta;
-use crate::metrics::Metrics;
 use crate::shadow::StoredRow;
 use crate::telemetry::RateLimit;
 use hint::IndexHint;
@@ -225,7 +224,7 @@ struct Inner {
     bounds: StoreBounds,
     /// Whether shadow checks run (their client is made with the others).
     shadow: bool,
-    metrics: Metrics,
+    metrics: Arc<StoreMetrics>,
     /// Told the outcome of every query and ping, in one place ([`Store::bounded`]): an outage ends coverage, the
     /// first answer after one starts it again.
     coverage: Coverage,
@@ -254,7 +253,7 @@ impl Store {
         settings: &StoreSettings,
         bounds: StoreBounds,
         shadow: bool,
-        metrics: Metrics,
+        metrics: Arc<StoreMetrics>,
         coverage: Coverage,
     ) -> Result<Self, MongoError> {
         let uri = settings.uri.expose();
@@ -389,7 +388,7 @@ impl Store {
                     coverage.store_failed();
                 }
                 if let Some(kind) = error.kind() {
-                    self.inner.metrics.store.error(kind);
+                    self.inner.metrics.error(kind);
                 }
             }
         }
@@ -409,7 +408,7 @@ impl Store {
         let started = Instant::now();
         let result = self.bounded(deadline, query).instrument(span.clone()).await;
         match &result {
-            Ok(_) => self.inner.metrics.store.query(kind, started.elapsed()),
+            Ok(_) => self.inner.metrics.query(kind, started.elapsed()),
             Err(error) => record_failure(&span, error),
         }
         result
@@ -471,7 +470,7 @@ impl StoreReads for Store {
             bounds.deadline,
             self.inner
                 .thread_hint
-                .with_fallback(&self.inner.metrics.store, |hint| {
+                .with_fallback(&self.inner.metrics, |hint| {
                     self.find_displays(thread_id, hydration, hint, bounds)
                 }),
         )
@@ -539,7 +538,7 @@ impl StoreReads for Store {
             let clients = self.clients().await?;
             self.inner
                 .thread_hint
-                .with_fallback(&self.inner.metrics.store, |hint| {
+                .with_fallback(&self.inner.metrics, |hint| {
                     find_row_metadata(&clients.collection, thread_id, hint, bounds)
                 })
                 .await
@@ -599,7 +598,7 @@ impl Store {
         self.query(kind, bounds.deadline, async {
             let clients = self.clients().await?;
             let collection = clients.for_query(shadow, fill);
-            hint.with_fallback(&self.inner.metrics.store, |hint| {
+            hint.with_fallback(&self.inner.metrics, |hint| {
                 let sort = (!fill).then(events_sort);
                 self.find_events(collection, filter.clone(), sort, hint, bounds, keep)
             })

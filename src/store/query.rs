@@ -172,8 +172,7 @@ impl Store {
         let persisted_ns = i128::from(id.timestamp().timestamp_millis()) * 1_000_000;
         let lag_ns = persisted_ns - i128::from(created_at_ns);
         let bound = self.inner.bounds.persist_lag;
-        if self.inner.metrics.store.persister_lag(lag_ns, bound) && self.inner.lag_warnings.allow()
-        {
+        if self.inner.metrics.persister_lag(lag_ns, bound) && self.inner.lag_warnings.allow() {
             let lag = Duration::from_nanos(u64::try_from(lag_ns).unwrap_or(u64::MAX));
             let key = &event.key;
             tracing::warn!(

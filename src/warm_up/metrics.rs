@@ -3,6 +3,7 @@
 
 use prometheus::IntGaugeVec;
 
+use crate::cache::Warmed;
 use crate::metrics::{Registrar, gauge_value, preset};
 
 /// What became of a thread of the hot set (the `state` of `history_view_warm_threads`).
@@ -18,6 +19,16 @@ pub enum WarmState {
     Failed,
     /// Not reached yet; what is left when the warm-up ends is what it did not reach within its time.
     Pending,
+}
+
+impl From<Warmed> for WarmState {
+    fn from(warmed: Warmed) -> Self {
+        match warmed {
+            Warmed::Hydrated => WarmState::Hydrated,
+            Warmed::Skipped => WarmState::Skipped,
+            Warmed::Failed => WarmState::Failed,
+        }
+    }
 }
 
 impl WarmState {

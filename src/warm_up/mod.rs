@@ -8,15 +8,17 @@
 //! shared key: pod names change at every rollout); the writes, bounded by the server's `max_payload` and warned
 //! about at a limited rate when they fail; and the order of the task (read, warm up, release readiness, write
 //! periodically, write once more at the stop). The format is [`snapshot`]; the hot set's choice and the warm-up's
-//! hydrations are the cache's ([`crate::cache::ViewCache::hot_set`], [`crate::cache::ViewCache::warm_up`]).
+//! hydrations are the cache's ([`crate::cache::ViewCache::hot_set`], [`warm_up`]).
 //!
 //! The bucket is used on a NATS connection of its own: a request NATS refuses for want of a permission is reported
 //! on its connection as a server error, which on the live connection would count as a gap.
 
 mod metrics;
+mod pace;
 mod settings;
 pub mod snapshot;
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::kv;
@@ -25,9 +27,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use metrics::{WarmMetrics, WarmState};
+pub use pace::{WarmPlan, WarmReport, warm_up};
 pub use settings::WarmSettings;
 
-use crate::cache::{ViewCache, WarmPlan};
+use crate::cache::ViewCache;
 use crate::partition::Partitioning;
 use crate::readiness::Readiness;
 use crate::store::StoreReads;
@@ -252,6 +255,8 @@ pub struct Handover {
     pub partitioning: Option<Partitioning>,
     /// `HISTORY_VIEW_CACHE_IDLE_SECS`, for the bucket's `max_age`.
     pub cache_idle: Duration,
+    /// The warm-up's metrics.
+    pub metrics: Arc<WarmMetrics>,
 }
 
 /// The hand-over task: opens the bucket and reads the hot set, warms it up (`/readyz` waits for this, at most
@@ -269,6 +274,7 @@ pub async fn run<S: StoreReads>(
         settings,
         partitioning,
         cache_idle,
+        metrics,
     } = handover;
     let started = Instant::now();
     let deadline = started + settings.max_wait;
@@ -329,7 +335,7 @@ pub async fn run<S: StoreReads>(
     let report = tokio::select! {
         biased;
         () = stop.cancelled() => None,
-        report = views.warm_up(threads, plan) => Some(report),
+        report = warm_up(&views, threads, plan, &metrics) => Some(report),
     };
     readiness.set_warmed();
     let Some(report) = report else {

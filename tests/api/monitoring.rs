@@ -192,7 +192,7 @@ async fn a_real_prometheus_scrapes_the_workers_and_every_panel_and_alert_evaluat
         .iter()
         .filter_map(|series| series["metric"]["__name__"].as_str().map(str::to_owned))
         .collect();
-    let metrics = chat_history_view::metrics::Metrics::new();
+    let metrics = chat_history_view::startup::Metrics::new();
     let missing: Vec<&str> = metrics
         .described()
         .iter()

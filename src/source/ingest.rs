@@ -1,5 +1,5 @@
-//! Subject → decode → view: applies one live display event, whatever source delivered it (Core NATS or a
-//! JetStream consumer, [`crate::source`]), to its thread's view.
+//! Subject → decode → view: the [`Sink`] every source delivers to (the Core loop and the JetStream consumers)
+//! applies one live display event to its thread's view.
 //!
 //! One loop per source applies the events, so no thread's cost may grow with the thread: inserting into a view is
 //! amortised O(1) whatever the order and repetition of its events ([`crate::view`]), and an event for a view that
@@ -15,18 +15,15 @@
 
 use std::sync::Arc;
 
-use async_nats::{HeaderMap, Message};
+use async_nats::HeaderMap;
 use prometheus::{Histogram, IntCounter};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use super::Sink;
 use crate::cache::ViewCache;
-use crate::coverage::Coverage;
 use crate::decode::{Decoded, decode_payload};
-use crate::freshness::Freshness;
-use crate::metrics::{Metrics, Registrar};
-use crate::readiness::Readiness;
-use crate::source::Sink;
+use crate::metrics::Registrar;
 use crate::subject::DeliveryKey;
 use crate::telemetry::{RateLimit, trace};
 use crate::view::{Inserted, PublisherContext};
@@ -35,50 +32,20 @@ use crate::view::{Inserted, PublisherContext};
 #[derive(Clone)]
 pub struct Ingest {
     views: ViewCache,
-    pub(crate) metrics: Metrics,
-    pub(crate) readiness: Readiness,
-    pub(crate) coverage: Coverage,
-    /// Moved by the watcher when a probe's reply has been applied.
-    pub(crate) freshness: Freshness,
+    metrics: Arc<IngestMetrics>,
     /// Log rate limits for messages that are not display-event subjects and payloads that are not JSON.
-    pub(crate) bad_subject_log: Arc<RateLimit>,
+    bad_subject_log: Arc<RateLimit>,
     malformed_log: Arc<RateLimit>,
 }
 
 impl Ingest {
-    pub fn new(
-        views: ViewCache,
-        metrics: Metrics,
-        readiness: Readiness,
-        coverage: Coverage,
-        freshness: Freshness,
-    ) -> Self {
+    pub fn new(views: ViewCache, metrics: Arc<IngestMetrics>) -> Self {
         Self {
             views,
             metrics,
-            readiness,
-            coverage,
-            freshness,
             bad_subject_log: Arc::default(),
             malformed_log: Arc::default(),
         }
-    }
-
-    /// The covered-through instant this ingest path moves.
-    pub fn freshness(&self) -> &Freshness {
-        &self.freshness
-    }
-
-    /// One message: subject → delivery key → family filter and decode → its thread's view.
-    pub async fn handle(&self, message: Message) {
-        let arrived = crate::decode::arrival(std::time::SystemTime::now());
-        self.handle_event(
-            &message.subject,
-            &message.payload,
-            message.headers.as_ref(),
-            arrived,
-        )
-        .await;
     }
 
     /// One event by its display-event subject, payload and headers, received at `arrived`
@@ -121,7 +88,7 @@ impl Ingest {
             .await
         };
         if let Some(outcome) = outcome {
-            self.metrics.ingest.event(outcome);
+            self.metrics.event(outcome);
         }
     }
 
@@ -165,7 +132,7 @@ impl Ingest {
             Ok(Decoded::Event(mut event)) => {
                 event.arrived = arrived;
                 if let Ok(created_at) = event.created_at {
-                    self.metrics.ingest.lag(created_at);
+                    self.metrics.lag(created_at);
                 }
                 match self.views.apply(event, publisher()).await {
                     // An orphan is counted as such by the cache.
@@ -231,8 +198,8 @@ impl EventOutcome {
 const LAG_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
 
 /// The ingest path's metrics: what became of each message, and how late it arrived. Counted here, by the view's
-/// holder for an event that waited beside its view ([`crate::cache`]), and by the Core loop for subjects the
-/// client skipped ([`crate::source`]).
+/// holder for an event that waited beside its view ([`crate::cache::AppliedEvents`]), and by the connection
+/// watcher for subjects the client skipped (`core.rs`).
 pub struct IngestMetrics {
     /// `history_view_events_total` resolved per outcome once, so counting an event is one atomic add.
     events: [IntCounter; EventOutcome::ALL.len()],
@@ -258,6 +225,11 @@ impl IngestMetrics {
                 LAG_BUCKETS,
             ),
         }
+    }
+
+    /// The counter of one outcome, for whoever else counts it (a view's holder: [`crate::cache::AppliedEvents`]).
+    pub fn counter(&self, outcome: EventOutcome) -> IntCounter {
+        self.events[outcome as usize].clone()
     }
 
     pub fn event(&self, outcome: EventOutcome) {
