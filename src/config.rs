@@ -1,6 +1,6 @@
 //! `Config`: the command line, every component's settings flattened into it. Each component declares its settings
 //! beside its code as a clap `Args` group with a help heading (NATS and JetStream: [`crate::source::settings`];
-//! MongoDB and the shared bounds: [`crate::store::StoreSettings`], [`crate::store::StoreBounds`]; the cache, its
+//! MongoDB and the shared bounds: [`crate::store::StoreSettings`], [`crate::bounds::StoreBounds`]; the cache, its
 //! warm-up, the HTTP API, the shadow checks and logging beside theirs). This file only loads them: it adds the
 //! environment variable to every error (clap names only the flag, and an operator sets the variable), checks the
 //! secrets after parsing so that no error echoes one (and the NATS login and TLS files,
@@ -10,6 +10,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 
+pub use crate::bounds::StoreBounds;
 pub use crate::cache::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use crate::http::{HttpSettings, Inspector};
 pub use crate::setting::Secret;
@@ -17,7 +18,7 @@ pub use crate::shadow::ShadowSettings;
 pub use crate::source::settings::{
     DEFAULT_REPLAY_MARGIN, DEFAULT_SUBJECT, JetStreamArgs, NatsSettings, Source,
 };
-pub use crate::store::{DEFAULT_FILL_INDEX_HINT, DEFAULT_INDEX_HINT, StoreBounds, StoreSettings};
+pub use crate::store::{DEFAULT_FILL_INDEX_HINT, DEFAULT_INDEX_HINT, StoreSettings};
 pub use crate::telemetry::trace::TraceSettings;
 pub use crate::telemetry::{LogFormat, LogSettings};
 pub use crate::warm_up::WarmSettings;

@@ -6,7 +6,8 @@
 //!
 //! # Layout (the data flow)
 //!
-//! - [`subject`]: a NATS subject becomes the event's [`subject::DeliveryKey`].
+//! - [`subject`]: a NATS subject becomes the event's [`subject::DeliveryKey`]; [`thread_id`]: what a thread id
+//!   from outside must be to name a thread (one subject token).
 //! - [`decode`]: the family filter, then a payload (JSON) or a store row (BSON) becomes a compact
 //!   [`decode::ViewEvent`]; one decoder for both paths.
 //! - [`view`]: a thread's events, deduplicated and in projection order; `Complete` or `Partial`.
@@ -33,6 +34,7 @@
 //!   code, with its outcome enums); the pinned names and the help-text test.
 //! - [`telemetry`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
 
+pub mod bounds;
 pub mod cache;
 pub mod catch_up;
 pub mod config;
@@ -54,5 +56,6 @@ pub mod startup;
 pub mod store;
 pub mod subject;
 pub mod telemetry;
+pub mod thread_id;
 pub mod view;
 pub mod warm_up;

@@ -14,15 +14,18 @@ use std::hash::BuildHasher;
 use std::sync::LazyLock;
 
 use hashbrown::HashTable;
-use opentelemetry::propagation::Extractor;
-use opentelemetry::trace::SpanContext;
+
+mod footprint;
+mod publisher;
+
+pub use footprint::Footprint;
+pub use publisher::PublisherContext;
 
 use crate::coverage::Epoch;
 use crate::decode::ViewEvent;
 use crate::memory::allocated;
 use crate::project::{self, Identity, Projection, Trace};
 use crate::subject::DeliveryKey;
-use crate::telemetry::trace::{NatsHeaders, publisher_context};
 
 /// Whether a view can answer a read on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,70 +56,6 @@ const BOOKKEEPING_BYTES: usize = 20;
 const REJECTED: u32 = 1 << 31;
 /// One row of [`ThreadView::publishers`]: an event's slot and its publisher's context (60 bytes with padding).
 const PUBLISHER_ROW_BYTES: usize = std::mem::size_of::<(u32, PublisherContext)>();
-/// A version-00 `traceparent`'s length: `00-<32 hex>-<16 hex>-<2 hex>`.
-const TRACEPARENT_LEN: usize = 55;
-/// The W3C header a publisher's context comes in.
-const TRACEPARENT: &str = "traceparent";
-
-/// The publisher's context a live event's message carried: its `traceparent` as received, kept while tracing is
-/// on, and read by the SDK's W3C propagator ([`crate::telemetry::trace::publisher_context`]) only when explain or a
-/// link needs it. Reading it costs about 200 ns (the propagator splits and checks the text and builds a context),
-/// 4% of the worker's CPU per event by itself, beyond the ingest path's budget for tracing (3%); finding and copying
-/// it costs about 25 ns. So the 55 bytes are kept rather than the 25 they hold.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct PublisherContext([u8; TRACEPARENT_LEN]);
-
-impl std::fmt::Debug for PublisherContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("PublisherContext")
-            .field(&String::from_utf8_lossy(&self.0))
-            .finish()
-    }
-}
-
-impl PublisherContext {
-    /// The `traceparent` a message's headers carry (the name in any case), unread. One of another length (a
-    /// later version of the format) is read now, and kept in version 00's form if valid.
-    pub fn from_headers(headers: &async_nats::HeaderMap) -> Option<Self> {
-        let headers_read = NatsHeaders(headers);
-        let value = headers_read.get(TRACEPARENT)?;
-        match <[u8; TRACEPARENT_LEN]>::try_from(value.as_bytes()) {
-            Ok(raw) => Some(Self(raw)),
-            Err(_) => publisher_context(headers).map(|context| Self::from(&context)),
-        }
-    }
-
-    /// The publisher's span context, if the `traceparent` is valid: for a link.
-    pub fn span_context(&self) -> Option<SpanContext> {
-        // Only the propagator reads it; kept as received, the bytes are the header's text (UTF-8).
-        let value = std::str::from_utf8(&self.0).ok()?;
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(TRACEPARENT, value);
-        publisher_context(&headers)
-    }
-
-    /// The publisher's trace id as W3C writes it (32 lowercase hex digits), if the `traceparent` is valid.
-    pub fn trace_id(&self) -> Option<String> {
-        self.span_context()
-            .map(|context| context.trace_id().to_string())
-    }
-}
-
-impl From<&SpanContext> for PublisherContext {
-    /// A context in version 00's form.
-    fn from(context: &SpanContext) -> Self {
-        let text = format!(
-            "00-{}-{}-{:02x}",
-            context.trace_id(),
-            context.span_id(),
-            context.trace_flags().to_u8()
-        );
-        let mut raw = [0; TRACEPARENT_LEN];
-        raw.copy_from_slice(text.as_bytes());
-        Self(raw)
-    }
-}
-
 /// The key hasher: keyed per process, so that colliding delivery keys cannot be prepared in advance.
 static KEY_HASHER: LazyLock<foldhash::quality::RandomState> =
     LazyLock::new(foldhash::quality::RandomState::default);
@@ -626,91 +565,6 @@ impl ThreadView {
     /// ([`ThreadView::footprint`]), without visiting the events.
     pub fn bytes(&self) -> usize {
         self.heap + self.containers().total()
-    }
-
-    /// What the view holds, part by part, from its containers' capacities and its events' heap: what the
-    /// benchmark's memory breakdown reports (P5, [design 7](../docs/design.md#7)). O(events).
-    pub fn footprint(&self) -> Footprint {
-        let mut footprint = self.containers();
-        for event in self.events() {
-            let key = event.key.heap_bytes();
-            footprint.keys += key;
-            footprint.bodies += event.heap_bytes() - key;
-        }
-        if let Some(extra) = self.extra.as_deref() {
-            footprint.displays += extra
-                .covered
-                .iter()
-                .chain(&extra.uncovered)
-                .map(|display| allocated(display.len()))
-                .sum::<usize>();
-        }
-        footprint
-    }
-
-    /// The view's struct and containers by part (the heap of its events and displays left out).
-    fn containers(&self) -> Footprint {
-        let vector = |len: usize, size: usize| allocated(len * size);
-        let event = std::mem::size_of::<ViewEvent>();
-        let mut parts = Footprint {
-            fixed: std::mem::size_of::<Self>(),
-            events: vector(self.events.capacity(), event),
-            order: vector(self.order.capacity(), std::mem::size_of::<u32>()),
-            index: allocated(self.index.allocation_size()),
-            ..Footprint::default()
-        };
-        if let Some(extra) = self.extra.as_deref() {
-            parts.fixed += allocated(std::mem::size_of::<Extra>());
-            parts.events += vector(extra.rejected.capacity(), event);
-            parts.displays = set_table(&extra.covered) + set_table(&extra.uncovered);
-            parts.publishers = vector(extra.publishers.capacity(), PUBLISHER_ROW_BYTES);
-        }
-        parts
-    }
-}
-
-/// The bytes of a set's table (its slots and control bytes), as hashbrown sizes it for its capacity.
-fn set_table(set: &HashSet<Box<str>>) -> usize {
-    match set.capacity() {
-        0 => 0,
-        capacity => {
-            let buckets = (capacity * 8 / 7).next_power_of_two();
-            allocated(buckets * (std::mem::size_of::<Box<str>>() + 1) + 16)
-        }
-    }
-}
-
-/// A view's bytes by part ([`ThreadView::footprint`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Footprint {
-    /// The view's own struct (inline in its cache entry).
-    pub fixed: usize,
-    /// The events' inline parts, by the capacity of their vectors.
-    pub events: usize,
-    /// The delivery keys' heap (the 8 fields back to back).
-    pub keys: usize,
-    /// The bodies' heap (texts, content parts).
-    pub bodies: usize,
-    /// The projection order.
-    pub order: usize,
-    /// The dedup index.
-    pub index: usize,
-    /// The covered and uncovered displays.
-    pub displays: usize,
-    /// The publishers' trace contexts.
-    pub publishers: usize,
-}
-
-impl Footprint {
-    pub fn total(&self) -> usize {
-        self.fixed
-            + self.events
-            + self.keys
-            + self.bodies
-            + self.order
-            + self.index
-            + self.displays
-            + self.publishers
     }
 }
 

@@ -17,11 +17,12 @@ use tracing::Instrument;
 
 use super::entry::Entry;
 use super::{ReadError, ViewCache};
+use crate::bounds::StoreBounds;
 use crate::shadow::{
     Admission, Clocks, Comparison, Divergence, Finding, Sampler, ShadowSettings, Snapshot, Verdict,
     compare,
 };
-use crate::store::{Bounds, Hydration, StoreBounds, StoreError, StoreReads};
+use crate::store::{Bounds, Hydration, StoreError, StoreReads};
 use crate::telemetry::RateLimit;
 use crate::view::{ThreadView, ViewState};
 

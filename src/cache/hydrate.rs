@@ -168,7 +168,7 @@ impl<S: StoreReads> ViewCache<S> {
         thread_id: &str,
         primary: Option<&Identity>,
     ) -> Result<Answer<F>, ReadError> {
-        super::in_cache_span(self.read_store_only(thread_id, primary)).await
+        super::answer::in_cache_span(self.read_store_only(thread_id, primary)).await
     }
 
     /// [`ViewCache::read_uncached`], inside its `cache` span.

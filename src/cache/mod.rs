@@ -12,17 +12,19 @@
 //! Why each case (start, reconnect, gap, eviction, re-weigh, store outage, hydration racing live events, fills)
 //! keeps the promise is argued once, in [design 2.1.1] and [design 2].
 //!
-//! One job a file: `entry.rs` (an entry and its lock order), `work.rs` (the store side's state machine),
+//! One job a file: `answer.rs` (a read's answer: the serving rule, or the store), `entry.rs` (an entry and its lock
+//! order), `work.rs` (the store side's state machine),
 //! `hydrate.rs` (hydrations and re-reads), `fill.rs` (fills), `scan.rs` (explain's row scans and share), `form.rs`
 //! (what a read asks for and gets), `render.rs` (rendering once per version), `limit.rs` (the per-thread limit),
 //! `metrics.rs` (the cache's and the shadow checks' metrics), `hot_set.rs` (the hot set by read recency, and the
-//! warm hydrations), `settings.rs`; this file holds the public read API and
-//! the moka cache. The store is read
+//! warm hydrations), `checks.rs` (the shadow checks it runs), `settings.rs`; this file holds the moka cache, the
+//! live path into it and the waits on a view. The store is read
 //! through [`StoreReads`], so `tests.rs` runs every race here on an in-memory store and tokio's paused clock.
 //!
 //! [design 2.1.1]: ../../docs/design.md#2.1.1
 //! [design 2]: ../../docs/design.md#2
 
+mod answer;
 mod checks;
 mod entry;
 mod etag;
@@ -63,38 +65,18 @@ pub use scan::RowScan;
 pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use transcript::Transcript;
 
+use crate::bounds::StoreBounds;
 use crate::coverage::Coverage;
 use crate::decode::ViewEvent;
 use crate::freshness::Freshness;
 use crate::project::Identity;
 use crate::shadow::ShadowSettings;
-use crate::store::StoreBounds;
 use crate::store::{Hydration, Store, StoreError, StoreReads};
 use crate::telemetry::RateLimit;
 use crate::view::{Inserted, PublisherContext, ViewState};
 use entry::Entry;
 use fill::FillRequest;
 use work::{Begin, Outcome};
-
-/// Runs `read`, the cache's part of a read, inside a `cache` span ([design 5](../../docs/design.md#5), "Traces"): a
-/// hydration, a fill's wait or a store read are its children; it records where the answer came from
-/// (`chat_history_view.source`, as `X-History-Source`), or that the read failed.
-async fn in_cache_span<F>(
-    read: impl Future<Output = Result<Answer<F>, ReadError>>,
-) -> Result<Answer<F>, ReadError> {
-    let span = tracing::info_span!(
-        "cache",
-        otel.kind = "internal",
-        chat_history_view.source = tracing::field::Empty,
-        otel.status_code = tracing::field::Empty,
-    );
-    let answer = read.instrument(span.clone()).await;
-    match &answer {
-        Ok(answer) => span.record("chat_history_view.source", answer.source.label()),
-        Err(_) => span.record("otel.status_code", "error"),
-    };
-    answer
-}
 
 /// The context of the span current now, if one is recorded: what a store job queued now for later (a fill) is
 /// parented to, so that it joins the read, hydration or ingested event that asked for it. With tracing off no span
@@ -301,89 +283,6 @@ impl<S: StoreReads> ViewCache<S> {
         Some(inserted)
     }
 
-    /// Answers a history read: from memory when the view is complete; otherwise it runs a hydration or waits for
-    /// the store job in flight (a hydration, whose outcome it shares, or a fill, after which it looks again).
-    ///
-    /// # Errors
-    /// [`ReadError`] when the view needed the store and the store failed (or was busy), or the thread is too large.
-    pub async fn read<F: Form>(
-        &self,
-        thread_id: &str,
-        primary: Option<&Identity>,
-    ) -> Result<Answer<F>, ReadError> {
-        in_cache_span(self.read_through(thread_id, primary)).await
-    }
-
-    /// [`ViewCache::read`], inside its `cache` span.
-    async fn read_through<F: Form>(
-        &self,
-        thread_id: &str,
-        primary: Option<&Identity>,
-    ) -> Result<Answer<F>, ReadError> {
-        let entry = self.entry(thread_id).await;
-        entry.read_now(&self.coverage);
-        let unproven = !self.freshness.serves() && self.state(&entry) == ViewState::Complete;
-        if unproven && !self.coverage.catch_up().blocked() {
-            // The source has not proved it applied everything stored up to the window before now (a consumer
-            // behind its stream, a resumed one, a frozen link): the complete view may lack it. Wait for it within
-            // part of the read's time, then read the store; not for a lane that lasts until someone acts, nor for
-            // a view that needs the store anyway.
-            self.freshness
-                .wait(Instant::now() + self.bounds.store_timeout / 2)
-                .await;
-        }
-        if let Some(answer) = self.complete_answer(&entry, primary, AnswerSource::Cache) {
-            // Live events that arrived while the view was held were applied by its holder (this reader, maybe),
-            // after the live path checked the limit: a view they took past it leaves now instead of answering.
-            if self.leave_if_too_large(&entry, LimitPath::Live).await {
-                return Err(self.too_large());
-            }
-            self.metrics.cache.hit();
-            return Ok(answer);
-        }
-        if unproven && !self.freshness.serves() {
-            self.metrics.cache.unproven_read();
-        }
-        self.metrics.cache.miss();
-        // An explain's hydration runs within the explain share ([`scan`]): its permit is taken before the store job
-        // starts, so a history read that joins the job never waits behind explains beyond their share.
-        let _share = if F::EXPLAIN {
-            let permit = self.explain_permit(self.bounds.store_deadline()).await?;
-            if let Some(answer) = self.complete_answer(&entry, primary, AnswerSource::Store) {
-                return Ok(answer);
-            }
-            Some(permit)
-        } else {
-            None
-        };
-        loop {
-            if entry.too_large.load(Ordering::Acquire) {
-                return Err(self.too_large());
-            }
-            match entry.store.begin_hydration() {
-                Begin::Run(ticket) => {
-                    self.hydrate(&entry, Hydration::OnRead, ticket, None)
-                        .await?;
-                    let answer = self.render(&entry, primary);
-                    self.reweigh(&entry).await;
-                    return Ok(answer);
-                }
-                Begin::Wait(waiter) => match waiter.outcome().await {
-                    // Answer from what was read even when the view stays partial (the next read hydrates again).
-                    Outcome::Hydrated => return Ok(self.render(&entry, primary)),
-                    Outcome::Failed if entry.too_large.load(Ordering::Acquire) => {
-                        return Err(self.too_large());
-                    }
-                    Outcome::Failed => return Err(ReadError::ConcurrentReadFailed),
-                    Outcome::LookAgain => {}
-                },
-            }
-            if let Some(answer) = self.complete_answer(&entry, primary, AnswerSource::Store) {
-                return Ok(answer);
-            }
-        }
-    }
-
     /// Waits until the view of `thread_id` is no longer the one an answer was rendered from (`generation` and
     /// `version`: [`Answer::generation`], [`Answer::version`]), or until `until`. Returns at once when the thread's
     /// entry is another one (the answer's was evicted); without an entry, it waits until `until` (an entry made
@@ -440,58 +339,6 @@ impl<S: StoreReads> ViewCache<S> {
             .cache
             .size(self.cache.entry_count(), self.cache.weighted_size());
         self.report_freshness();
-    }
-
-    /// The entry's view state as of its thread's current coverage epoch.
-    fn state(&self, entry: &Entry) -> ViewState {
-        entry
-            .lock_view(&self.metrics)
-            .state(self.coverage.epoch(entry.bucket))
-    }
-
-    /// The answer of a complete view; `None` (and the view downgraded if it was complete as of an older epoch: a
-    /// gap or a removal happened since) otherwise, and while the source has not proved that it applied everything
-    /// stored up to the window before now (the rule, [`Freshness::serves`]: the view may lack what its stream still
-    /// holds).
-    fn complete_answer<F: Form>(
-        &self,
-        entry: &Entry,
-        primary: Option<&Identity>,
-        source: AnswerSource,
-    ) -> Option<Answer<F>> {
-        if !self.freshness.serves() {
-            return None;
-        }
-        let mut view = entry.lock_view(&self.metrics);
-        let epoch = self.coverage.epoch(entry.bucket);
-        if view.state(epoch) == ViewState::Complete {
-            let mut answer = entry.render(&mut view, primary, source, &self.metrics);
-            // Complete: every live event up to the last one applied, and what the store held before.
-            answer.covered_through = self.freshness.covered_through().max(entry.stored_through());
-            if source == AnswerSource::Cache {
-                self.sample(entry, &view, answer.covered_through);
-            }
-            return Some(answer);
-        }
-        if view.downgrade_if_stale(epoch) {
-            self.metrics.cache.views_downgraded(1);
-        }
-        None
-    }
-
-    /// The view's answer as it is, after a store read.
-    fn render<F: Form>(&self, entry: &Entry, primary: Option<&Identity>) -> Answer<F> {
-        let mut view = entry.lock_view(&self.metrics);
-        let mut answer = entry.render(&mut view, primary, AnswerSource::Store, &self.metrics);
-        answer.covered_through = entry.stored_through();
-        answer
-    }
-
-    /// Up to when a store read that starts now will cover a thread: now less the persister-lag bound.
-    fn store_covers_through(&self) -> std::time::SystemTime {
-        std::time::SystemTime::now()
-            .checked_sub(self.bounds.persist_lag)
-            .unwrap_or(std::time::UNIX_EPOCH)
     }
 
     /// The age of the covered-through instant of answers from memory (set before a metrics scrape).

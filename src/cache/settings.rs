@@ -1,6 +1,6 @@
 //! The view cache's settings (help heading "Cache"): its byte budget, how long an unused view stays, the store
 //! reads of whole threads at once, and the most one thread may hold. The store timeout and the persister-lag bound
-//! it reads are [`crate::store::StoreBounds`].
+//! it reads are [`crate::bounds::StoreBounds`].
 
 use std::time::Duration;
 

@@ -13,13 +13,14 @@ use super::{
     Answer, AnswerSource, CacheSettings, CacheSetup, HistoryBody, ReadError, Verified,
     VerifyReport, ViewCache,
 };
+use crate::bounds::StoreBounds;
 use crate::coverage::Coverage;
 use crate::decode::{Decoded, STORED, ViewEvent, decode_payload};
 use crate::explain::{RowMeta, ViewFates};
 use crate::freshness::{Freshness, Part};
 use crate::shadow::{ShadowSettings, StoredRow, Verdict};
 use crate::startup::Metrics;
-use crate::store::{Bounds, Hydration, StoreBounds, StoreError, StoreReads, VisibleDisplays};
+use crate::store::{Bounds, Hydration, StoreError, StoreReads, VisibleDisplays};
 use crate::subject::DeliveryKey;
 use crate::view::{PublisherContext, event_bytes};
 use crate::warm_up::{WarmMetrics, WarmPlan, WarmReport};

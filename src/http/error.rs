@@ -8,6 +8,7 @@ use serde_json::json;
 
 use crate::cache::ReadError;
 use crate::store::StoreError;
+use crate::thread_id::InvalidThreadId;
 
 /// The header telling a client whether to retry an error answer; the official OpenAI SDKs read it before their
 /// own rules (which retry 408, 409, 429 and every 5xx). Sent as `false` on the answers a retry cannot change.
@@ -15,6 +16,7 @@ pub const SHOULD_RETRY_HEADER: &str = "x-should-retry";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// The path's thread id breaks a rule of [`crate::thread_id::ThreadId`]: which one.
     #[error("thread_id {0}")]
     InvalidThreadId(&'static str),
     #[error("agent_class and agent_id must be given together, both non-empty")]
@@ -68,6 +70,12 @@ pub enum ApiError {
     /// during its shutdown delay, then accepts no connection.
     #[error("the worker is shutting down; reconnect to resume")]
     ShuttingDown,
+}
+
+impl From<InvalidThreadId> for ApiError {
+    fn from(error: InvalidThreadId) -> Self {
+        ApiError::InvalidThreadId(error.0)
+    }
 }
 
 impl ApiError {

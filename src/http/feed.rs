@@ -23,7 +23,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::HttpRefusal;
+use super::metrics::{FeedEvent, HttpRefusal};
 use super::read::{Pace, STORE_REREAD_INTERVAL, Seen, ThreadRequest, next_change};
 use super::route::{Forward, route};
 use super::{ApiError, AppState, HttpMetrics};
@@ -271,27 +271,6 @@ impl Feed {
 fn end(reason: &ApiError) -> Event {
     reason.log();
     Event::default().event(END).data(reason.body().to_string())
-}
-
-/// The kinds of a live feed's events (and of a resume's first event): the SSE event name, and the `kind` of
-/// `history_view_feed_events_total` and `outcome` of `history_view_feed_resumes_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FeedEvent {
-    /// The whole answer.
-    Snapshot,
-    /// The messages from the first that changed.
-    Update,
-}
-
-impl FeedEvent {
-    pub const ALL: [FeedEvent; 2] = [FeedEvent::Snapshot, FeedEvent::Update];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            FeedEvent::Snapshot => "snapshot",
-            FeedEvent::Update => "update",
-        }
-    }
 }
 
 /// A feed's permit and its place in `history_view_feed_streams`, both given back when the feed ends.

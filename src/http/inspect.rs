@@ -14,10 +14,11 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
-use super::read::{Read, ThreadId, ThreadRequest, read, respond};
+use super::read::{Read, ThreadRequest, read, respond};
 use super::{ApiError, AppState};
 use crate::cache::etag_of;
 use crate::explain::{ViewFates, explain as join};
+use crate::thread_id::ThreadId;
 
 /// The inspector page: one HTML file, no build step.
 const INSPECTOR_PAGE: &str = include_str!("inspector.html");

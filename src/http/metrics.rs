@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
-use super::feed::FeedEvent;
 use crate::cache::AnswerSource;
 use crate::metrics::{LATENCY_BUCKETS, Registrar, preset};
 
@@ -105,6 +104,27 @@ const READ_ERROR_CODES: [&str; 8] = ["400", "401", "404", "405", "421", "500", "
 
 /// Readiness components (`history_view_ready{component}`), as `/readyz` reports them.
 const READY_COMPONENTS: [&str; 2] = ["nats", "store"];
+
+/// The kinds of a live feed's events (and of a resume's first event): the SSE event name, and the `kind` of
+/// `history_view_feed_events_total` and `outcome` of `history_view_feed_resumes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedEvent {
+    /// The whole answer.
+    Snapshot,
+    /// The messages from the first that changed.
+    Update,
+}
+
+impl FeedEvent {
+    pub const ALL: [FeedEvent; 2] = [FeedEvent::Snapshot, FeedEvent::Update];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FeedEvent::Snapshot => "snapshot",
+            FeedEvent::Update => "update",
+        }
+    }
+}
 
 pub struct HttpMetrics {
     connections: IntGauge,

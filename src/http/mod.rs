@@ -31,7 +31,7 @@ use tokio::sync::Semaphore;
 
 pub use error::{ApiError, SHOULD_RETRY_HEADER};
 pub use metrics::HttpMetrics;
-pub use read::{COVERED_THROUGH_HEADER, SOURCE_HEADER, ThreadId, canonical_object_id};
+pub use read::{COVERED_THROUGH_HEADER, SOURCE_HEADER, canonical_object_id};
 pub use route::{FORWARDED_HEADER, Peers};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
 pub use settings::{HttpSettings, Inspector};

@@ -30,6 +30,7 @@ use super::{ApiError, AppState};
 use crate::cache::{Answer, AnswerSource, Form, ViewCache};
 use crate::freshness;
 use crate::project::Identity;
+use crate::thread_id::ThreadId;
 
 /// The response header saying where a history came from: `cache` or `store`.
 pub const SOURCE_HEADER: &str = "x-history-source";
@@ -43,43 +44,6 @@ pub const RUN_PENDING_HEADER: &str = "x-history-run-pending";
 
 /// The longest `wait_ms`.
 pub const MAX_WAIT: Duration = Duration::from_millis(5_000);
-
-/// Longest accepted thread id, in bytes.
-pub const MAX_THREAD_ID_BYTES: usize = 256;
-
-/// A thread id that can be a NATS subject token: non-empty, at most 256 bytes, no `.`, `*`, `>`, whitespace or
-/// control characters (`%00` included).
-/// It is otherwise opaque and goes into store queries only as a string value, never as query syntax.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ThreadId(String);
-
-impl ThreadId {
-    /// # Errors
-    /// [`ApiError::InvalidThreadId`] saying which rule the id breaks.
-    pub fn parse(id: String) -> Result<Self, ApiError> {
-        if id.is_empty() {
-            return Err(ApiError::InvalidThreadId("must not be empty"));
-        }
-        if id.len() > MAX_THREAD_ID_BYTES {
-            return Err(ApiError::InvalidThreadId("must be at most 256 bytes"));
-        }
-        if id.contains(['.', '*', '>']) || id.contains(char::is_whitespace) {
-            return Err(ApiError::InvalidThreadId(
-                "must not contain '.', '*', '>' or whitespace",
-            ));
-        }
-        if id.contains(char::is_control) {
-            return Err(ApiError::InvalidThreadId(
-                "must not contain control characters",
-            ));
-        }
-        Ok(Self(id))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
 
 /// aihub's `str_to_object_id` ([contract 8.3](../../docs/contract.md#8.3)) for a non-empty id: a 24-hex id in any case
 /// becomes lowercase, anything else the hex of the first 12 bytes of its UTF-8 MD5 digest.

@@ -23,6 +23,7 @@ use std::time::{Duration, SystemTime};
 use crate::coverage::{Coverage, Stamp};
 use crate::freshness::{Freshness, Part};
 
+pub mod access;
 pub mod api;
 pub mod connect;
 mod consumer;

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::bounds::StoreBounds;
 use crate::partition::{Partitioning, StreamSettings};
 use crate::setting::{self, DAY, POSITIVE, Secret, Unit};
-use crate::store::StoreBounds;
 
 use super::JetStreamSettings;
 
@@ -112,17 +112,6 @@ impl NatsSettings {
     /// intervals after the server's last word ([design 2.1.2](../../docs/design.md#2.1.2)).
     pub fn gap_window(&self) -> Duration {
         self.ping_interval * 3
-    }
-
-    /// Checks the URL after parsing, so that an error never echoes it.
-    pub(crate) fn check_url(&self) -> Result<(), String> {
-        super::connect::check_url(self.url.expose())
-    }
-
-    /// Reads and checks every file the settings name, and that they go together (one way to log in, a
-    /// certificate with its key); the error names the setting by its long flag.
-    pub(crate) fn check_access(&self) -> Result<(), super::connect::AccessError> {
-        super::connect::NatsAccess::from_settings(self).map(|_| ())
     }
 }
 

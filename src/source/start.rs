@@ -12,17 +12,18 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::access::NatsAccess;
 use super::api::NatsApi;
-use super::connect::{self, ConnectionLog, NatsAccess};
+use super::connect::{self, ConnectionLog};
 use super::core::{self, ProbeSubscription, Watcher};
 use super::settings::{JetStreamArgs, NatsSettings};
 use super::{
     Ingest, IngestMetrics, JetStreamSource, Source, SourceMetrics, Timing, Tracker, Witness,
 };
+use crate::bounds::StoreBounds;
 use crate::coverage::Coverage;
 use crate::freshness::Freshness;
 use crate::readiness::Readiness;
-use crate::store::StoreBounds;
 
 /// A connected source, subscribed and not yet consuming.
 pub struct LiveSource {

@@ -1,13 +1,10 @@
 //! The store client's settings (help heading "MongoDB"): where aihub's events are and which indexes the queries
-//! name ([`StoreSettings`]), and the two bounds every component shares, the store timeout and the persister-lag
-//! bound ([`StoreBounds`]).
+//! name ([`StoreSettings`]). The two bounds every wing shares, the store timeout and the persister-lag bound, have a
+//! home of their own (`src/bounds.rs`).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::setting::{self, DAY, POSITIVE, Secret, Unit};
+use crate::setting::{self, Secret};
 
 /// The index both store stages name by default (aihub's collection has it).
 pub const DEFAULT_INDEX_HINT: &str = "thread_id_1_event_type_1_event_parents_1";
@@ -86,41 +83,4 @@ impl StoreSettings {
             Err("must start with mongodb:// or mongodb+srv://".into())
         }
     }
-}
-
-/// The two bounds every component shares, defined once here and handed out as one `Copy` value: how long a read may
-/// wait for the store (`HISTORY_VIEW_STORE_TIMEOUT_MS`), and how long after publishing an event aihub's persister has
-/// stored it (`HISTORY_VIEW_PERSIST_LAG_MS`). The store client, the cache, the shadow checks, the JetStream source's
-/// timing and the partition router read them from here; none keeps a copy under a name of its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
-#[command(next_help_heading = "MongoDB")]
-#[deny(missing_docs)]
-pub struct StoreBounds {
-    /// Milliseconds (or a duration with a unit: 2s) a read may wait for the store, a store-read slot included,
-    /// before it answers 503; each query's maxTimeMS is the time left.
-    #[arg(id = "store_timeout_ms", value_name = "STORE_TIMEOUT_MS", long = "store-timeout-ms", env = "HISTORY_VIEW_STORE_TIMEOUT_MS", default_value = "2000", value_parser = store_timeout)]
-    pub store_timeout: Duration,
-
-    /// Bound, in milliseconds (or with a unit), on how long after publishing an event aihub's persister has stored
-    /// it; 0 allowed, at most a day. A view is served from memory only if its store read started at least this long
-    /// after the worker last could have missed one of the thread's events (start, reconnect, gap, eviction, store
-    /// outage). Raise it when history_view_persister_lag_exceeded_total grows: a larger bound only delays when a
-    /// view becomes complete.
-    #[arg(id = "persist_lag_ms", value_name = "PERSIST_LAG_MS", long = "persist-lag-ms", env = "HISTORY_VIEW_PERSIST_LAG_MS", default_value = "2000", value_parser = persist_lag)]
-    pub persist_lag: Duration,
-}
-
-impl StoreBounds {
-    /// The instant a store read starting now must be answered by.
-    pub fn store_deadline(&self) -> Instant {
-        Instant::now() + self.store_timeout
-    }
-}
-
-fn store_timeout(value: &str) -> Result<Duration, String> {
-    setting::duration(value, Unit::Millis, POSITIVE, DAY)
-}
-
-fn persist_lag(value: &str) -> Result<Duration, String> {
-    setting::duration(value, Unit::Millis, Duration::ZERO, DAY)
 }

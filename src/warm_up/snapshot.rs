@@ -97,7 +97,9 @@ pub fn decode(bytes: &[u8], max: usize) -> Result<HotSetSnapshot, SnapshotError>
     let mut seen = std::collections::HashSet::new();
     let threads: Vec<String> = threads
         .into_iter()
-        .filter(|id| crate::http::ThreadId::parse(id.clone()).is_ok() && seen.insert(id.clone()))
+        .filter(|id| {
+            crate::thread_id::ThreadId::parse(id.clone()).is_ok() && seen.insert(id.clone())
+        })
         .collect();
     let skipped = listed - threads.len();
     Ok(HotSetSnapshot {
