@@ -172,6 +172,7 @@ impl Application {
             ingest_metrics: Arc::clone(&metrics.ingest),
             bounds: config.bounds,
         };
+        let nats = source.client();
         let mut ingest_task = source.start(parts, &tracker, &stop);
         tracker.spawn(
             state
@@ -246,6 +247,8 @@ impl Application {
             }
             server_task.abort();
         }
+        // Flush nothing (the worker publishes nothing); just close the connection, now that the drain is over.
+        drop(nats);
         store.shut_down(STORE_SHUTDOWN).await;
         tracing::info!("stopped");
         outcome

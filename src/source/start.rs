@@ -131,6 +131,13 @@ impl LiveSource {
             })
     }
 
+    /// The connection, to hold until the drain has ended: the source's tasks end with `stop`, and were theirs the
+    /// last handles, the connection would close then, and its close is a gap of every view (the hot set written in
+    /// the drain would leave out nothing as known absent).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
     /// Spawns the source's tasks on `tracker`: the connection watcher, and the Core loop or the JetStream source,
     /// whose handle it returns (it ends only on `stop`, or with the error that ended the source).
     pub fn start(
