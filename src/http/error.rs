@@ -27,9 +27,10 @@ pub enum ApiError {
     Unauthorized,
     #[error("the event store is unavailable; try again")]
     StoreUnavailable(#[source] ReadError),
-    /// The store refused the thread's query for a reason retrying cannot fix (logged with the thread id).
+    /// The store refused the thread's query for a reason retrying cannot fix (logged with the thread id and the
+    /// store's reason, never answered).
     #[error("the event store rejected the query for this thread")]
-    StoreQueryRejected,
+    StoreQueryRejected { thread_id: Box<str>, cause: String },
     /// The thread's events exceed the per-thread limit; retrying does not help while the thread stays that large.
     #[error(
         "the thread's history exceeds this service's per-thread limit of {limit} bytes (HISTORY_VIEW_MAX_THREAD_BYTES)"
@@ -86,7 +87,7 @@ impl ApiError {
             ApiError::InvalidQuery(_) => (StatusCode::BAD_REQUEST, "invalid_query"),
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
-            ApiError::StoreQueryRejected => {
+            ApiError::StoreQueryRejected { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "store_query_rejected")
             }
             ApiError::ThreadTooLarge { .. } => {
@@ -122,7 +123,7 @@ impl ApiError {
             | ApiError::NotCached
             | ApiError::MethodNotAllowed
             | ApiError::Misdirected
-            | ApiError::StoreQueryRejected
+            | ApiError::StoreQueryRejected { .. }
             | ApiError::ThreadTooLarge { .. } => Some(false),
             ApiError::StoreUnavailable(_)
             | ApiError::Overloaded
@@ -140,11 +141,40 @@ impl ApiError {
         json!({"error": {"code": code, "message": self.to_string()}})
     }
 
-    /// Logs what the body keeps out: the cause of a store outage. Called once, where the error is answered (a
-    /// response or a feed's `end`).
-    pub fn log(&self) {
-        if let ApiError::StoreUnavailable(error) = self {
-            tracing::warn!(error = %chain(error), "history read failed: store unavailable");
+    /// What the body keeps out and the log tells: the cause of a store outage, or of a query the store refused.
+    pub fn log_line(&self) -> Option<ErrorLog> {
+        match self {
+            ApiError::StoreUnavailable(error) => Some(ErrorLog::StoreUnavailable {
+                error: chain(error),
+            }),
+            ApiError::StoreQueryRejected { thread_id, cause } => {
+                Some(ErrorLog::StoreQueryRejected {
+                    thread_id: thread_id.clone(),
+                    error: cause.clone(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// An error answer's log line, carried from the answer to where it is written: the middleware that counts error
+/// answers (a response's extension), or a feed's `end`. Written once per answer.
+#[derive(Debug, Clone)]
+pub enum ErrorLog {
+    StoreUnavailable { error: String },
+    StoreQueryRejected { thread_id: Box<str>, error: String },
+}
+
+impl ErrorLog {
+    pub fn write(&self) {
+        match self {
+            ErrorLog::StoreUnavailable { error } => {
+                tracing::warn!(error = %error, "history read failed: store unavailable");
+            }
+            ErrorLog::StoreQueryRejected { thread_id, error } => {
+                tracing::error!(thread_id = &**thread_id, error = %error, "history read failed: the store rejected the query");
+            }
         }
     }
 }
@@ -165,10 +195,10 @@ impl ApiError {
     /// The answer to a history read of `thread_id` that failed with `error`.
     pub fn from_read(error: ReadError, thread_id: &str) -> Self {
         match error {
-            ReadError::Store(StoreError::Rejected(cause)) => {
-                tracing::error!(thread_id, error = %chain(&cause), "history read failed: the store rejected the query");
-                ApiError::StoreQueryRejected
-            }
+            ReadError::Store(StoreError::Rejected(cause)) => ApiError::StoreQueryRejected {
+                thread_id: thread_id.into(),
+                cause: chain(&cause),
+            },
             // Logged (rate-limited) where the limit was met.
             ReadError::TooLarge { limit } => ApiError::ThreadTooLarge { limit },
             other => ApiError::StoreUnavailable(other),
@@ -179,8 +209,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, _) = self.status_and_code();
-        self.log();
         let mut response = (status, Json(self.body())).into_response();
+        if let Some(log) = self.log_line() {
+            // Written by the middleware that counts error answers.
+            response.extensions_mut().insert(log);
+        }
         let headers = response.headers_mut();
         if self.should_retry() == Some(false) {
             headers.insert(SHOULD_RETRY_HEADER, HeaderValue::from_static("false"));
@@ -244,7 +277,10 @@ mod tests {
             ApiError::NotCached,
             ApiError::MethodNotAllowed,
             ApiError::Misdirected,
-            ApiError::StoreQueryRejected,
+            ApiError::StoreQueryRejected {
+                thread_id: "t".into(),
+                cause: String::new(),
+            },
             ApiError::ThreadTooLarge { limit: 1 << 20 },
         ];
         for error in permanent {
@@ -288,7 +324,10 @@ mod tests {
     async fn the_body_a_feed_ends_with_is_the_response_body() {
         for error in [
             ApiError::ThreadTooLarge { limit: 1 << 20 },
-            ApiError::StoreQueryRejected,
+            ApiError::StoreQueryRejected {
+                thread_id: "t".into(),
+                cause: String::new(),
+            },
             ApiError::ShuttingDown,
         ] {
             let body = error.body();

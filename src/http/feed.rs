@@ -269,7 +269,9 @@ impl Feed {
 /// "message"}}`). It carries no id, so a client resumes after the last answer it applied, and that resume gets the
 /// history's status while the reason lasts.
 fn end(reason: &ApiError) -> Event {
-    reason.log();
+    if let Some(log) = reason.log_line() {
+        log.write();
+    }
     Event::default().event(END).data(reason.body().to_string())
 }
 

@@ -192,12 +192,16 @@ async fn overloaded() -> ApiError {
     ApiError::Overloaded
 }
 
-/// Counts an API answer that is neither 2xx nor 304 (`history_view_read_errors_total{code}`).
+/// Counts an API answer that is neither 2xx nor 304 (`history_view_read_errors_total{code}`), and writes the log
+/// line its error left for the log ([`error::ErrorLog`]: what the body keeps out).
 async fn count_errors(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
     let status = response.status();
     if !(status.is_success() || status == axum::http::StatusCode::NOT_MODIFIED) {
         state.metrics.read_error(status.as_u16());
+    }
+    if let Some(log) = response.extensions_mut().remove::<error::ErrorLog>() {
+        log.write();
     }
     response
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
-use super::api::{Api, Consumer, ConsumerState, JsApiError, Start, StreamState};
+use super::api::{Api, Consumer, ConsumerState, Delivery, JsApiError, Start, StreamState};
 use super::rule::{Judgement, Position, Refusals};
 use super::{GapCause, JetStreamSource, Lane, Sink, SourceEvent, filter_subjects};
 
@@ -168,54 +168,11 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         let tracker = &self.inner.tracker;
         let generation = tracker.resuming(lane);
         let mut epochs = tracker.coverage().catch_up().epochs();
-        let state = match position.as_ref() {
-            Some(read) => self.judged_state(name, read).await,
-            None => self.stream_state(name).await,
-        };
-        let state = match state {
-            Ok(state) => state,
-            Err(failed) => return failed.into(),
-        };
-        let start = match position.as_mut() {
-            None => {
-                *position = Some(Position::new(&state));
-                first
-            }
-            Some(read) => match self.judge(name, read, &state, true) {
-                Some(()) => read.next_start(first),
-                None => return Ended::Recreated,
-            },
-        };
-        let Some(position) = position.as_mut() else {
-            return Ended::Resume { progressed: false };
-        };
-        let filters = match &self.inner.settings.partitioned {
-            Some((partitioning, _)) => vec![partitioning.filter_subject()],
-            None => filter_subjects(&state.subjects, &self.inner.settings.subject),
-        };
-        if filters.is_empty() && watched.refusals.consumed_on.is_none() {
-            return Ended::NoSubjects;
-        }
-        if self.inner.settings.partitioned.is_none() {
-            watched
-                .refusals
-                .consumed_on
-                .get_or_insert_with(|| filters.clone());
-            if filters.is_empty() {
-                // It captured display events once and captures none now (its subjects were edited): no consumer
-                // can be made on them; it refuses them until its subjects cover them again.
-                self.judge_refusal(name, &state, watched);
-                return Ended::Resume { progressed: false };
-            }
-        }
-        let mut consumer = match self
-            .request(self.inner.api.create_consumer(name, filters.clone(), start))
-            .await
-        {
-            Ok(consumer) => consumer,
-            Err(failed) => return failed.into(),
-        };
-        watched.filters = filters;
+        let (mut consumer, position) =
+            match self.open_consumer(name, first, position, watched).await {
+                Ok(opened) => opened,
+                Err(ended) => return ended,
+            };
         let mut delivered = 0u64;
         let mut caught_up = false;
         let mut checks = tokio::time::interval(tracker.freshness().prove_every());
@@ -254,22 +211,7 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                         return Ended::Resume { progressed: delivered > 0 };
                     }
                     delivered = delivery.consumer_seq;
-                    let subject = delivery.subject.as_str();
-                    let subject = match &self.inner.settings.partitioned {
-                        Some((partitioning, _)) => partitioning.original_subject(subject).unwrap_or(subject),
-                        None => subject,
-                    };
-                    self.inner.sink.apply(subject, &delivery.payload, delivery.headers.as_ref(), delivery.arrived).await;
-                    if self.inner.settings.partitioned.is_some() {
-                        self.copied_applied(delivery.headers.as_ref());
-                    }
-                    position.applied = Some(delivery.stream_seq);
-                    tracker.emit(SourceEvent::Applied {
-                        stream: name,
-                        subject,
-                        sequence: delivery.stream_seq,
-                        pending: delivery.pending,
-                    });
+                    self.apply(name, &delivery, position).await;
                     if delivery.pending == 0 && !caught_up {
                         // Caught up as far as this consumer knows: confirm it now rather than at the next tick.
                         match self.check(name, generation, position, watched, &mut consumer, delivered).await {
@@ -280,6 +222,88 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 }
             }
         }
+    }
+
+    /// Reads the stream's state, judges the resume from `position` (the first reading sets it), and creates a
+    /// consumer on the stream's display-event subjects from where the judgement says; the ending instead when the
+    /// stream is gone, recreated, or captures no display events.
+    async fn open_consumer<'p>(
+        &self,
+        name: &str,
+        first: Start,
+        position: &'p mut Option<Position>,
+        watched: &mut Watched,
+    ) -> Result<(A::Consumer, &'p mut Position), Ended> {
+        let state = match position.as_ref() {
+            Some(read) => self.judged_state(name, read).await,
+            None => self.stream_state(name).await,
+        };
+        let state = state.map_err(Ended::from)?;
+        let start = match position.as_mut() {
+            None => {
+                *position = Some(Position::new(&state));
+                first
+            }
+            Some(read) => match self.judge(name, read, &state, true) {
+                Some(()) => read.next_start(first),
+                None => return Err(Ended::Recreated),
+            },
+        };
+        let Some(position) = position.as_mut() else {
+            return Err(Ended::Resume { progressed: false });
+        };
+        let filters = match &self.inner.settings.partitioned {
+            Some((partitioning, _)) => vec![partitioning.filter_subject()],
+            None => filter_subjects(&state.subjects, &self.inner.settings.subject),
+        };
+        if filters.is_empty() && watched.refusals.consumed_on.is_none() {
+            return Err(Ended::NoSubjects);
+        }
+        if self.inner.settings.partitioned.is_none() {
+            watched
+                .refusals
+                .consumed_on
+                .get_or_insert_with(|| filters.clone());
+            if filters.is_empty() {
+                // It captured display events once and captures none now (its subjects were edited): no consumer
+                // can be made on them; it refuses them until its subjects cover them again.
+                self.judge_refusal(name, &state, watched);
+                return Err(Ended::Resume { progressed: false });
+            }
+        }
+        let consumer = self
+            .request(self.inner.api.create_consumer(name, filters.clone(), start))
+            .await?;
+        watched.filters = filters;
+        Ok((consumer, position))
+    }
+
+    /// Applies one delivery: to the sink by its original subject, then as the read-through position.
+    async fn apply(&self, name: &str, delivery: &Delivery, position: &mut Position) {
+        let subject = delivery.subject.as_str();
+        let subject = match &self.inner.settings.partitioned {
+            Some((partitioning, _)) => partitioning.original_subject(subject).unwrap_or(subject),
+            None => subject,
+        };
+        self.inner
+            .sink
+            .apply(
+                subject,
+                &delivery.payload,
+                delivery.headers.as_ref(),
+                delivery.arrived,
+            )
+            .await;
+        if self.inner.settings.partitioned.is_some() {
+            self.copied_applied(delivery.headers.as_ref());
+        }
+        position.applied = Some(delivery.stream_seq);
+        self.inner.tracker.emit(SourceEvent::Applied {
+            stream: name,
+            subject,
+            sequence: delivery.stream_seq,
+            pending: delivery.pending,
+        });
     }
 
     /// Judges a reading of `name` against `read` and records what it lost (and, `resuming`, a resume that lost
