@@ -13,7 +13,7 @@ use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
 use super::api::{Api, Consumer, ConsumerState, Delivery, JsApiError, Start, StreamState};
-use super::rule::{Judgement, Position, Refusals};
+use super::rule::{self, Judgement, Position, Refusals, Seen};
 use super::{GapCause, JetStreamSource, Lane, Sink, SourceEvent, filter_subjects};
 
 /// Backoff between attempts to (re)create a consumer.
@@ -76,11 +76,13 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
             {
                 Ended::Stopped => break,
                 Ended::Deleted => {
-                    tracker.emit(SourceEvent::Gap {
-                        stream: &name,
-                        cause: GapCause::StreamDeleted,
-                        at: None,
-                    });
+                    if let Some(cause) = rule::gap(Seen::Deleted) {
+                        tracker.emit(SourceEvent::Gap {
+                            stream: &name,
+                            cause,
+                            at: None,
+                        });
+                    }
                     break;
                 }
                 Ended::NoSubjects => {
@@ -371,7 +373,11 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         self.judge_refusal(name, &after, watched);
         if self.inner.settings.partitioned.is_none() {
             let now = filter_subjects(&after.subjects, &self.inner.settings.subject);
-            if !now.is_empty() && now != watched.filters {
+            let seen = Seen::Subjects {
+                consumed_on: &watched.filters,
+                now: &now,
+            };
+            if let Some(cause) = rule::gap(seen) {
                 // Its subjects were edited: a consumer on the new filters, after a gap (messages on subjects the old
                 // filters left out were passed unread).
                 tracing::warn!(
@@ -380,13 +386,13 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                 );
                 self.inner.tracker.emit(SourceEvent::Gap {
                     stream: name,
-                    cause: GapCause::Subjects,
+                    cause,
                     at: None,
                 });
                 return Err(Ended::Resume { progressed: true });
             }
         }
-        if !after.quorum {
+        if !rule::proves(&after) {
             // Its leader may be storing nothing: nothing proved, so the stream's part of the instant stays behind.
             tracing::debug!(
                 stream = name,

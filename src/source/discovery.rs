@@ -12,8 +12,9 @@ use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use super::api::{Api, JsApiError, Start};
+use super::rule::{self, Seen};
 use super::upstream::Upstream;
-use super::{CLOCK_SKEW_MARGIN, GapCause, Lane, Refusal, Sink, SourceEvent, Tracker};
+use super::{CLOCK_SKEW_MARGIN, Lane, Refusal, Sink, SourceEvent, Tracker};
 use crate::partition::{Partitioning, StreamSettings};
 
 /// How long listing the streams may take: several pages of names. Nothing served waits for it (each consumed
@@ -117,12 +118,14 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                     .filter(|n| !lock(&self.inner.consumed).contains(n))
                     .collect();
                 let start = if started {
-                    for name in &new {
-                        self.inner.tracker.emit(SourceEvent::Gap {
-                            stream: name,
-                            cause: GapCause::NewStream,
-                            at: None,
-                        });
+                    if let Some(cause) = rule::gap(Seen::Found { after_start: true }) {
+                        for name in &new {
+                            self.inner.tracker.emit(SourceEvent::Gap {
+                                stream: name,
+                                cause,
+                                at: None,
+                            });
+                        }
                     }
                     Start::All
                 } else {

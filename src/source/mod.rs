@@ -283,7 +283,10 @@ impl Tracker {
             }
             SourceEvent::Refusing { stream, now, was } => {
                 if let Some(was) = was.filter(|was| Some(*was) != now) {
-                    if now.is_none() {
+                    if let Some(cause) = rule::gap(rule::Seen::Refusing {
+                        was: Some(was),
+                        now,
+                    }) {
                         tracing::info!(
                             stream,
                             cause = was.label(),
@@ -292,7 +295,7 @@ impl Tracker {
                         // The gap first: once the hold is released, no complete view may predate it.
                         self.emit(SourceEvent::Gap {
                             stream,
-                            cause: GapCause::Refused,
+                            cause,
                             at: None,
                         });
                     }

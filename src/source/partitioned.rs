@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::api::{Api, JsApiError, SourceState, Start, StreamState};
 use super::discovery::lock;
-use super::rule::Refusals;
+use super::rule::{self, Refusals, Seen};
 use super::upstream::{Upstream, copied_from};
-use super::{CLOCK_SKEW_MARGIN, GapCause, JetStreamSource, Lane, Sink, SourceEvent};
+use super::{CLOCK_SKEW_MARGIN, JetStreamSource, Lane, Sink, SourceEvent};
 use crate::coverage::Stamp;
 use crate::partition::{Partitioning, StreamSettings};
 
@@ -153,10 +153,10 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
                                 state.first_seq,
                                 state.last_seq,
                             );
-                        if judged.lost {
+                        if let Some(cause) = rule::gap(Seen::Upstream { lost: judged.lost }) {
                             tracker.emit(SourceEvent::Gap {
                                 stream: name,
-                                cause: GapCause::Upstream,
+                                cause,
                                 at: None,
                             });
                         }
@@ -257,11 +257,13 @@ impl<A: Api, S: Sink> JetStreamSource<A, S> {
         );
         let tracker = &self.inner.tracker;
         let at = SystemTime::now() + CLOCK_SKEW_MARGIN;
-        tracker.emit(SourceEvent::Gap {
-            stream: &self.partitioned_name(),
-            cause: GapCause::Upstream,
-            at: Some(at),
-        });
+        if let Some(cause) = rule::gap(Seen::Upstream { lost: true }) {
+            tracker.emit(SourceEvent::Gap {
+                stream: &self.partitioned_name(),
+                cause,
+                at: Some(at),
+            });
+        }
     }
 
     fn partitioned_name(&self) -> String {

@@ -1,8 +1,10 @@
 //! The resume and retention rule on plain values ([design 2.1.3](../../docs/design.md#2.1.3), "The JetStream source,
 //! case by case"): what the worker has read of one stream ([`Position`]), whether a reading of the stream's state
 //! shows that something it had not read is gone ([`Position::judge`]), what a check proves applied
-//! ([`Position::covered`]), and whether the stream can take and keep display events at all ([`refusal`]). Pure: the
-//! consumer loop (`consumer.rs`) takes the readings and records what this decides.
+//! ([`Position::covered`]), whether the stream can take and keep display events at all ([`refusal`]), and which of
+//! what the source's loops see is a gap of the stream's views ([`gap`]), whether a check may prove anything
+//! ([`proves`]). Pure: the loops (`consumer.rs`, `discovery.rs`, `partitioned.rs`, the tracker in `mod.rs`) take
+//! the readings and record what this decides.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::SystemTime;
@@ -12,6 +14,54 @@ use async_nats::jetstream::stream::DiscardPolicy;
 use super::api::{ConsumerState, Start, StreamState};
 use super::{GapCause, Refusal, filter_subjects};
 use crate::coverage::Stamp;
+
+/// What a loop of the JetStream source saw that may have passed events of a stream unread ([`gap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen<'a> {
+    /// The stream was deleted while it was consumed.
+    Deleted,
+    /// A stream found by a listing; `after_start`: not by the first one (what it held before is not replayed).
+    Found { after_start: bool },
+    /// A check read the stream's display-event subjects `now` while it is consumed on `consumed_on`.
+    Subjects {
+        consumed_on: &'a [String],
+        now: &'a [String],
+    },
+    /// A stream's refusal of display events changed from `was` to `now`.
+    Refusing {
+        was: Option<Refusal>,
+        now: Option<Refusal>,
+    },
+    /// Partitioned: a class stream's source is known to have lost something it had not copied, or the class
+    /// streams upstream changed (recreated, a new leader, deleted, newly sourced).
+    Upstream { lost: bool },
+}
+
+/// Whether what was seen is a gap of the stream's views, and its cause ([design 2.1.3](../../docs/design.md#2.1.3)):
+/// a deleted stream (its events are gone); a stream found after the start (what it held is not replayed); subjects
+/// that changed while consumed (messages on the ones the old filters left out were passed unread); a refusal that
+/// ended (what it refused is not in the stream); a loss upstream of the partitioned stream. A removal, a deletion
+/// or a new leader inside a stream is judged from its readings ([`Position::judge`]).
+pub fn gap(seen: Seen<'_>) -> Option<GapCause> {
+    match seen {
+        Seen::Deleted => Some(GapCause::StreamDeleted),
+        Seen::Found { after_start } => after_start.then_some(GapCause::NewStream),
+        Seen::Subjects { consumed_on, now } => {
+            (!now.is_empty() && now != consumed_on).then_some(GapCause::Subjects)
+        }
+        Seen::Refusing { was, now } => {
+            (was.is_some() && was != now && now.is_none()).then_some(GapCause::Refused)
+        }
+        Seen::Upstream { lost } => lost.then_some(GapCause::Upstream),
+    }
+}
+
+/// Whether a check's reading may prove anything applied: not while the stream's leader has not heard from a quorum
+/// of its replicas lately (it may be storing nothing, so the stream's part of the covered-through instant stays
+/// behind).
+pub fn proves(state: &StreamState) -> bool {
+    state.quorum
+}
 
 /// Past this many deleted messages inside a stream, a reading does not ask for their list: a deletion the count
 /// cannot tell apart from the front passing older ones is a (needless) gap instead ([`Position::judge`]).
@@ -287,6 +337,31 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn each_thing_seen_is_a_gap_only_when_events_may_have_passed_unread() {
+        let a = ["agent.a.>".to_owned()];
+        let b = ["agent.b.>".to_owned()];
+        assert_eq!(gap(Seen::Deleted), Some(GapCause::StreamDeleted));
+        assert_eq!(gap(Seen::Found { after_start: false }), None);
+        assert_eq!(
+            gap(Seen::Found { after_start: true }),
+            Some(GapCause::NewStream)
+        );
+        let subjects =
+            |consumed_on: &[String], now: &[String]| gap(Seen::Subjects { consumed_on, now });
+        assert_eq!(subjects(&a, &a), None);
+        assert_eq!(subjects(&a, &b), Some(GapCause::Subjects));
+        // Capturing none now: a refusal, judged as such, not a consumer on no subjects.
+        assert_eq!(subjects(&a, &[]), None);
+        let refusing = |was, now| gap(Seen::Refusing { was, now });
+        assert_eq!(refusing(Some(Refusal::Full), None), Some(GapCause::Refused));
+        assert_eq!(refusing(Some(Refusal::Full), Some(Refusal::Sealed)), None);
+        assert_eq!(refusing(None, Some(Refusal::Full)), None);
+        assert_eq!(refusing(None, None), None);
+        assert_eq!(gap(Seen::Upstream { lost: true }), Some(GapCause::Upstream));
+        assert_eq!(gap(Seen::Upstream { lost: false }), None);
+    }
 
     fn state(first_seq: u64, last_seq: u64) -> StreamState {
         StreamState {
