@@ -14,12 +14,12 @@
 //! - [`project`]: the pure projector: events and the read's primary identity become the history and warnings.
 //! - [`source`]: where events come from: Core NATS (the subscription loop and the connection watcher) or JetStream
 //!   (class streams or the partitioned stream, one consumer loop each, resumed by sequence and checked against the
-//!   stream's retention); one tracker turns what they report into gaps, catch-up and freshness.
-//! - [`ingest`]: subject → decode → view for one event, whatever source delivered it.
+//!   stream's retention); one tracker turns what they report into gaps, catch-up and freshness; the ingest path
+//!   (subject → decode → view for one event, whatever source delivered it) is the sink they all deliver to.
 //! - [`store`]: the MongoDB queries (the two stages and a fill) behind `StoreReads`, decoded by the same decoder.
 //! - [`cache`]: the moka cache of views; reads answer from complete views or hydrate from the store (one explicit
 //!   state per entry for what its store side is doing).
-//! - [`warm`]: the hot set (the threads read last) handed over to the next worker through a NATS key-value bucket,
+//! - [`warm_up`]: the hot set (the threads read last) handed over to the next worker through a NATS key-value bucket,
 //!   and warmed up before it turns ready.
 //! - [`catch_up`]: whether the resumable source (JetStream) has what its streams hold: lanes that fall behind.
 //! - [`coverage`]: since when the live stream has covered a thread, so whether a store read may complete a view.
@@ -30,8 +30,9 @@
 //! - [`http`]: the read API, health, readiness, metrics and the OpenAPI document.
 //! - [`config`]: every component's settings group (each declared beside its code, with its help heading) flattened
 //!   into one command; [`setting`]: the value parsers they share (durations with units, byte sizes).
-//! - [`metrics`]: the registry and the handle bundling every component's metric set (each registered beside its
-//!   code, with its outcome enums); the pinned names and the help-text test.
+//! - [`metrics`]: the ground floor of the metrics: the Registrar every wing registers its set through (beside its
+//!   code, with its outcome enums) and the exposition; [`startup`] registers them all and pins their names.
+//! - [`bounds`]: the store timeout and the persister-lag bound every wing reads.
 //! - [`telemetry`], [`readiness`], [`startup`], [`shutdown`]: the service around them.
 
 pub mod bounds;

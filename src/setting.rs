@@ -1,6 +1,6 @@
 //! What every component's settings share: the [`Secret`] type and the value parsers (durations with units, byte
 //! sizes, bounded numbers, names). Each component declares its own settings as a clap `Args` group beside its code
-//! and parses its values with these, so a bad value fails at start naming the setting ([`crate::config`] adds the
+//! and parses its values with these, so a bad value fails at start naming the setting (`config.rs` adds the
 //! environment variable to clap's message). A leaf: it depends on nothing in the crate.
 
 use std::fmt;

@@ -9,13 +9,13 @@ mod error;
 mod feed;
 mod history;
 mod inspect;
+mod listeners;
 mod metrics;
 mod operations;
 mod read;
 mod route;
 mod serve;
 mod settings;
-mod start;
 mod tokens;
 mod traceparent;
 
@@ -30,12 +30,12 @@ use axum::routing::{MethodRouter, get};
 use tokio::sync::Semaphore;
 
 pub use error::{ApiError, SHOULD_RETRY_HEADER};
+pub use listeners::Listeners;
 pub use metrics::HttpMetrics;
 pub use read::{COVERED_THROUGH_HEADER, SOURCE_HEADER, canonical_object_id};
 pub use route::{FORWARDED_HEADER, Peers};
 pub use serve::{ConnectionLimits, RESERVED_CONNECTIONS, accept_loop};
 pub use settings::{HttpSettings, Inspector};
-pub use start::Listeners;
 pub use tokens::ApiTokens;
 
 use crate::cache::ViewCache;

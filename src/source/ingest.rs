@@ -7,7 +7,7 @@
 //!
 //! What became of each message and how late it came are this path's metrics ([`IngestMetrics`], at the end).
 //!
-//! Traces ([design 5](../docs/design.md#5)): never a span per event. While tracing is off an event costs one check
+//! Traces ([design 5](../../docs/design.md#5)): never a span per event. While tracing is off an event costs one check
 //! more, no header is read and nothing is kept. While it is on, the publisher's context a decoded event's message
 //! carries (`traceparent`) is kept beside the event in its view, unread ([`PublisherContext`]: reading it costs
 //! more than the path's budget), and the events [`trace::sample_ingest`] chooses, before any span exists, are

@@ -30,11 +30,11 @@ mod consumer;
 pub mod core;
 mod discovery;
 mod ingest;
+mod live;
 mod metrics;
 mod partitioned;
 mod rule;
 pub mod settings;
-mod start;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -43,9 +43,9 @@ pub mod witness;
 pub use crate::catch_up::{CatchUp, Lane, Refusal};
 pub use discovery::{JetStreamSettings, JetStreamSource, filter_subjects, matches_pattern};
 pub use ingest::{EventOutcome, Ingest, IngestMetrics};
+pub use live::{LiveSource, Parts};
 pub use metrics::{ResumeOutcome, SourceMetrics};
 pub use settings::Source;
-pub use start::{LiveSource, Parts};
 pub use witness::Witness;
 
 /// Added to a moment read off the server's clock: the server's clock may run behind the worker's.

@@ -1,6 +1,6 @@
 //! The live source's settings: the NATS connection and subject ([`NatsSettings`], help heading "NATS") and the
 //! JetStream source with its partitions ([`JetStreamArgs`], "JetStream and partitions"). Checks that need more
-//! than one setting (a partition below the count, partitions only with JetStream) are in [`crate::config`].
+//! than one setting (a partition below the count, partitions only with JetStream) are in `config.rs`.
 
 use std::path::PathBuf;
 use std::time::Duration;

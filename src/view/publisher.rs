@@ -1,5 +1,5 @@
-//! [`PublisherContext`]: the publisher's trace context a live event's message carried, kept beside the event while
-//! tracing is on.
+//! The publisher's trace context a live event's message carried ([`PublisherContext`]), kept beside the event
+//! while tracing is on.
 
 use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::SpanContext;

@@ -156,7 +156,7 @@ form it does not read. Call with (dict "quantity" q "what" "resources.limits.mem
 {{- end }}
 
 {{/*
-The worst case of the worker's resident memory, in bytes, from the values (README "Limits", docs/operations.md
+The worst case of the worker's resident memory, in bytes, from the values (docs/operations.md
 "Sizing"): the cache budget + 64 MiB for the process + (store reads at once + 2 shadow checks) x the per-thread
 limit, each of those reads holding up to a thread at the limit.
 */}}

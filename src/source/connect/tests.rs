@@ -1,4 +1,5 @@
-//! The connection's failures: told by kind (the kinds design 5 lists), and logged at most once per interval.
+//! The connection's failures: told by kind (the kinds [design 5](../../../docs/design.md#5) lists), and logged at most
+//! once per interval.
 
 use std::time::{Duration, Instant};
 
