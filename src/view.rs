@@ -208,10 +208,12 @@ impl ThreadView {
     /// until the caller marks it complete (it alone knows whether the store read may count, see
     /// [`crate::coverage`]).
     ///
-    /// An event of `live` that arrived before `stored_before` (milliseconds since the Unix epoch: the first
-    /// query's start less the persister-lag bound and the clock margin), or was a stored row, that the rows do not
-    /// hold, on a covered display or a marker, is dropped: the store had it, as far as the bound goes, and no
-    /// longer has it (the thread or the event was deleted). 0 drops nothing.
+    /// When the store holds nothing of the thread (no row, no visible display), an event of `live` that arrived
+    /// before `stored_before` (milliseconds since the Unix epoch: the first query's start less the persister-lag
+    /// bound and the clock margin), or was a stored row, on a covered display or a marker, is dropped: the store
+    /// had it, as far as the bound goes, and no longer has the thread (it was deleted). A thread the store still
+    /// holds keeps every live event: one its rows lack may be one a persister behind the bound has not written
+    /// yet, and dropping it would lose it for good. 0 drops nothing.
     ///
     /// # Returns
     /// The view, and how many live events it dropped.
@@ -223,7 +225,6 @@ impl ThreadView {
     ) -> (Self, usize) {
         let mut view = ThreadView::new();
         view.hydrated = true;
-        view.stored_before_secs = u32::try_from(stored_before / 1000).unwrap_or(u32::MAX);
         let covered: HashSet<Box<str>> = covered.into_iter().map(String::into_boxed_str).collect();
         if !covered.is_empty() {
             view.heap += covered.iter().map(|d| allocated(d.len())).sum::<usize>();
@@ -232,6 +233,13 @@ impl ThreadView {
         for event in store_events {
             view.insert(event);
         }
+        let gone = view.is_empty()
+            && view
+                .extra
+                .as_ref()
+                .is_none_or(|extra| extra.covered.is_empty());
+        let stored_before = if gone { stored_before } else { 0 };
+        view.stored_before_secs = u32::try_from(stored_before / 1000).unwrap_or(u32::MAX);
         let version = live.version + 1;
         let dropped = view.merge(live, stored_before);
         view.version = version;
@@ -737,61 +745,54 @@ mod tests {
     }
 
     #[test]
-    fn a_hydration_drops_events_the_store_had_by_the_bound_and_no_longer_has() {
+    fn a_hydration_drops_events_of_a_thread_the_store_no_longer_has_and_keeps_a_stored_threads() {
         let arrived = |mut event: ViewEvent, at: u32| {
             event.arrived = at;
             event
         };
         let mut live = ThreadView::new();
-        // Arrived at 10 s (before the cut at 50 s), not stored: the marker goes.
+        // Arrived at 10 s (before the cut at 50 s), not stored: the marker goes once the thread is gone.
         live.insert(arrived(marker("m1", "d"), 10));
-        // A row an earlier hydration read, no longer stored: goes.
-        live.insert(chunk("old-row", json!(1), "O"));
-        // Stored: kept (the row).
-        live.insert(arrived(chunk("a", json!(20), "A"), 10));
+        // A row an earlier hydration read, no longer stored: goes too.
+        live.insert(marker("old-row", "d"));
         // Arrived within the second of the cut: the store may not have it yet.
-        live.insert(arrived(chunk("b", json!(3), "B"), 50));
-        // An old event of a display the rows did not cover, not a marker: not judged.
-        let mut elsewhere = arrived(chunk("x", json!(5), "X"), 5);
-        elsewhere.key = DeliveryKey::from_fields([
-            "A",
-            "a",
-            "t",
-            "other",
-            "r",
-            "display_event",
-            "ChunkEvent",
-            "x",
-        ]);
-        live.insert(elsewhere);
+        live.insert(arrived(marker("m2", "d"), 50));
+        // An old chunk: its display is visible no more (no marker stored), so nothing says whether it is stored.
+        live.insert(arrived(chunk("x", json!(5), "X"), 5));
         // Invalid: never judged.
         live.insert(arrived(chunk("bad", json!("not-a-number"), "?"), 5));
-        let rows = || [chunk("a", json!(20), "A")];
-        let (view, dropped) = ThreadView::hydrated(rows(), ["d".to_owned()], live.clone(), 50_000);
+        let (view, dropped) = ThreadView::hydrated([], Vec::<String>::new(), live.clone(), 50_000);
         let ids: Vec<&str> = view.events().map(|e| e.key.event_id()).collect();
         assert_eq!(dropped, 2, "{ids:?}");
-        assert_eq!(view.len(), 4, "{ids:?}");
+        assert_eq!(view.len(), 3, "{ids:?}");
         assert!(!ids.contains(&"m1") && !ids.contains(&"old-row"), "{ids:?}");
         // Without a cut nothing goes.
-        let (view, dropped) = ThreadView::hydrated(rows(), ["d".to_owned()], live.clone(), 0);
+        let (view, dropped) = ThreadView::hydrated([], Vec::<String>::new(), live.clone(), 0);
+        assert_eq!((view.len(), dropped), (5, 0));
+        // A thread the store still holds keeps every live event, even one that arrived long before the cut: the
+        // persister may be behind the bound (a store outage's backlog), and a dropped event would be lost for good.
+        let rows = || [chunk("a", json!(20), "A")];
+        let (view, dropped) = ThreadView::hydrated(rows(), ["d".to_owned()], live.clone(), 50_000);
         assert_eq!((view.len(), dropped), (6, 0));
-        // A live event that arrives after the hydration is judged by the same cut (a replay still delivering).
+        // A live event that arrives after the hydration of a gone thread is judged by the same cut (a replay still
+        // delivering).
+        let (mut view, _) =
+            ThreadView::hydrated([], Vec::<String>::new(), ThreadView::new(), 50_000);
+        assert_eq!(
+            view.insert_live(arrived(marker("late", "d"), 10), None),
+            Inserted::Orphaned
+        );
+        assert_eq!(
+            view.insert_live(arrived(marker("new", "d"), 50), None),
+            Inserted::Added
+        );
+        // Of a stored thread, never.
         let (mut view, _) =
             ThreadView::hydrated(rows(), ["d".to_owned()], ThreadView::new(), 50_000);
         assert_eq!(
             view.insert_live(arrived(chunk("late", json!(30), "L"), 10), None),
-            Inserted::Orphaned
-        );
-        assert_eq!(
-            view.insert_live(arrived(chunk("new", json!(31), "N"), 50), None),
             Inserted::Added
         );
-        // Held already: a duplicate, as before.
-        assert_eq!(
-            view.insert_live(arrived(chunk("a", json!(20), "A"), 10), None),
-            Inserted::Duplicate
-        );
-        assert_eq!(view.len(), 2);
     }
 
     #[test]
