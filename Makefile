@@ -64,12 +64,12 @@ test:
 	echo "==> cargo fmt --check" >&2; \
 	cargo fmt --check; \
 	echo "==> cargo test --workspace --all-targets --no-run, compiled by clippy-driver with -D warnings (clippy's lints)" >&2; \
-	$(CLIPPY_BUILD) cargo test --workspace --lib --bins --tests --examples --benches --no-run; \
+	$(CLIPPY_BUILD) cargo test --workspace --lib --bins --tests --benches --no-run; \
 	if ! wait $$installing; then cat .tools/install.log >&2; echo "installing the tools failed" >&2; exit 1; fi; \
 	cat .tools/install.log >&2; \
 	echo "==> servers installed in .tools/venv/bin; each test starts its own" >&2; \
-	echo "==> cargo test --lib --bins --tests --examples (the benchmark is built above; it runs under make bench)" >&2; \
-	$(CLIPPY_BUILD) cargo test --lib --bins --tests --examples; \
+	echo "==> cargo test --lib --bins --tests (the benchmark is built above; it runs under make bench)" >&2; \
+	$(CLIPPY_BUILD) cargo test --lib --bins --tests; \
 	if [ -x scripts/check-chart.sh ]; then \
 		echo "==> scripts/check-chart.sh" >&2; \
 		CHV_BINARY=target/debug/chat-history-view scripts/check-chart.sh; \

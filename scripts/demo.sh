@@ -9,9 +9,10 @@ port="${DEMO_PORT:-8080}"
 log=".tools/run/demo-worker.log"
 mkdir -p .tools/run
 
-# Cargo's progress stays visible: a first release build takes minutes.
-echo "==> cargo build --release --bin chat-history-view --example demo" >&2
-cargo build --release --bin chat-history-view --example demo
+# Cargo's progress stays visible: a first release build takes minutes. The demo client is a package of its own
+# (examples/demo), so this builds the worker and the demo only, without the tests' dev-dependencies.
+echo "==> cargo build --release -p chat-history-view -p demo" >&2
+cargo build --release -p chat-history-view -p demo
 
 # No orchestrator removes endpoints here: Ctrl-C stops the worker at once (HISTORY_VIEW_SHUTDOWN_DELAY_SECS=0).
 HISTORY_VIEW_LISTEN="127.0.0.1:$port" HISTORY_VIEW_LOG_FORMAT=text HISTORY_VIEW_SHUTDOWN_DELAY_SECS=0 \
@@ -41,7 +42,7 @@ for _ in $(seq 1 400); do
     sleep 0.05
 done
 
-DEMO_API="http://127.0.0.1:$port" target/release/examples/demo
+DEMO_API="http://127.0.0.1:$port" target/release/demo
 
 echo
 echo "chat-history-view is running at http://127.0.0.1:$port (log: $log). Try:"

@@ -6,8 +6,8 @@
 //! Turn 2 (display `…d2`): a new question; a travel delegate on a hidden display (`…d3`) asks a HITL question, the
 //! user's answer lands on that display (making it visible), and the delegate resumes there.
 
+use aihub_rows::{self as rows, Event};
 use serde_json::{Value, json};
-use test_support::rows::{self, Event};
 
 pub const PRIMARY: (&str, &str) = ("RAGAgent", "wiki");
 

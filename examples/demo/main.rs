@@ -11,9 +11,13 @@ mod conversation;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use aihub_rows::subject;
 use chat_history_view::http::SOURCE_HEADER;
 use conversation::{EXPECTED, PRIMARY, rows, transcript};
-use test_support::rows::subject;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -85,17 +89,19 @@ async fn run() -> anyhow::Result<bool> {
         "{api}/v1/threads/{thread}/history?agent_class={}&agent_id={}",
         PRIMARY.0, PRIMARY.1
     );
-    let http = reqwest::Client::new();
+    let uri: hyper::Uri = url.parse()?;
+    let http = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let deadline = Instant::now() + Duration::from_secs(15);
     let (body, source) = loop {
-        let response = http.get(&url).send().await?;
+        let response = http.get(uri.clone()).await?;
         let source = response
             .headers()
             .get(SOURCE_HEADER)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("?")
             .to_owned();
-        let body: serde_json::Value = response.json().await?;
+        let body: serde_json::Value =
+            serde_json::from_slice(&response.into_body().collect().await?.to_bytes())?;
         if transcript(&body).len() >= EXPECTED.len() || Instant::now() > deadline {
             break (body, source);
         }

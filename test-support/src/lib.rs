@@ -1,4 +1,4 @@
-//! What chat-history-view's integration tests, benchmark and demo share, written once:
+//! What chat-history-view's integration tests and benchmark share, written once:
 //!
 //! - [`class_streams`]: aihub's JetStream class streams, created as aihub does;
 //! - [`process`]: free ports, temp dirs, log tails and the guard of a child process;
@@ -6,7 +6,8 @@
 //! - [`proxy`]: a TCP proxy a test or the benchmark cuts or leaves half-open, to lose a link for certain;
 //! - [`worker`]: the worker binary as a guarded child process, configured by environment;
 //! - [`otlp`]: an OTLP/HTTP trace receiver that keeps the spans a worker exports;
-//! - [`rows`]: aihub's display events as persisted rows, their NATS subjects and payloads;
+//! - [`rows`]: aihub's display events as persisted rows, their NATS subjects and payloads (the `aihub-rows` crate,
+//!   which the demo uses without the rest);
 //! - [`scrape`] and [`memory`]: reading `/metrics` and a process's memory and CPU time;
 //! - [`turns`] and [`hot_thread`]: the multi-turn read pattern and the hot-thread scenario (tests and P7, P8).
 
@@ -17,8 +18,10 @@ pub mod memory;
 pub mod otlp;
 pub mod process;
 pub mod proxy;
-pub mod rows;
 pub mod scrape;
 pub mod servers;
 pub mod turns;
 pub mod worker;
+
+// A crate of its own, so the demo builds without the rest of test-support; every `test_support::rows` path stays.
+pub use aihub_rows as rows;
