@@ -7,7 +7,7 @@
 #   the dashboard         every expr of helm/chat-history-view/files/dashboard.json, with $__rate_interval -> 1m
 #                         and $pod -> .* as Grafana would substitute them, parses (as recording rules given to
 #                         promtool check rules); its only variables are those two, every selector filters by
-#                         pod=~"$pod"; and every metric named there or in the alerts is one src/metrics.rs pins
+#                         pod=~"$pod"; and every metric named there or in the alerts is one src/startup.rs pins
 # promtool comes from .tools/venv/bin (Debian's prometheus package, extracted there by scripts/services.sh
 # install, which runs first when it is missing). Exits non-zero on any failure.
 #
@@ -57,9 +57,9 @@ from pathlib import Path
 
 dashboard = json.loads(Path("helm/chat-history-view/files/dashboard.json").read_text())
 alerts = Path("helm/chat-history-view/files/alerts.yaml").read_text()
-# The names src/metrics.rs pins (its test holds what the components register to that list); a histogram's series
+# The names src/startup.rs pins (its test holds what the components register to that list); a histogram's series
 # add _bucket, _count and _sum.
-registered = set(re.findall(r'"(history_view_[a-z_]+)"', Path("src/metrics.rs").read_text()))
+registered = set(re.findall(r'"(history_view_[a-z_]+)"', Path("src/startup.rs").read_text()))
 failures = []
 
 
@@ -88,7 +88,7 @@ for title, expr in exprs:
     rules.append(expr.replace("$__rate_interval", "1m").replace("$pod", ".*"))
 for name in sorted(set(re.findall(r"\bhistory_view_\w+", alerts + json.dumps(dashboard)))):
     if not known(name):
-        failures.append(f"{name} is not a metric src/metrics.rs pins")
+        failures.append(f"{name} is not a metric src/startup.rs pins")
 lines = ["groups:", "  - name: dashboard", "    rules:"]
 for i, expr in enumerate(rules):
     lines += [f"      - record: dashboard_expr_{i}", f"        expr: {json.dumps(expr)}"]

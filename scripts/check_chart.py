@@ -57,7 +57,7 @@ CHART = ROOT / "helm" / "chat-history-view"
 KUBE_VERSION = "1.30.0"
 RELEASE = "chv"
 NAMESPACE = "aihub"
-# The worst case of resident memory (README "Limits"): cache budget + 64 MiB (spec section 7, P5) + (concurrent
+# The worst case of resident memory (docs/operations.md "Sizing"): cache budget + 64 MiB (spec section 7, P5) + (concurrent
 # hydrations + 2 shadow checks) x the per-thread limit (each store read may hold up to a thread's events).
 MEMORY_ALLOWANCE = 64 * 1024 * 1024
 SHADOW_READS = 2
@@ -1013,7 +1013,7 @@ def check_facts(manifests: list[dict[str, Any]], notes: str, values: dict[str, A
 
 
 def check_memory(container: dict[str, Any], values: dict[str, Any]) -> None:
-    """The memory limit covers the worst case (README "Limits"); without a limit in the values it is that formula,
+    """The memory limit covers the worst case (docs/operations.md "Sizing"); without a limit in the values it is that formula,
     rounded up to a MiB, and the request defaults to the limit."""
     config = values["config"]
     need = (

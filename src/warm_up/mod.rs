@@ -296,7 +296,7 @@ pub async fn run<S: StoreReads>(
     let (hot, stored) = match opened {
         Ok(opened) => opened,
         Err(error) => {
-            tracing::warn!(error = %error, cause = %source_of(&error), bucket = %settings.bucket, key = %key, "the hot set's bucket cannot be used: no warm-up at start and no hand-over at stop (the worker starts cold); grant the permissions (README, Deploying) or set HISTORY_VIEW_WARM_MAX_THREADS=0");
+            tracing::warn!(error = %error, cause = %source_of(&error), bucket = %settings.bucket, key = %key, "the hot set's bucket cannot be used: no warm-up at start and no hand-over at stop (the worker starts cold); grant the permissions (the runbook, Warm restarts) or set HISTORY_VIEW_WARM_MAX_THREADS=0");
             readiness.set_warmed();
             return;
         }
