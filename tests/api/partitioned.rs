@@ -278,7 +278,8 @@ async fn three_partitioned_workers_answer_every_thread_through_any_worker() {
 
     // The persister writes the rows as aihub's does, before they are published (the worker's rules assume the store
     // has what was published the persister-lag bound ago: a thread whose old events the store lacks is one deleted,
-    // design 2.1.8). Acknowledged: each worker's count below is of what the class streams stored.
+    // [design 2.1.8](../../docs/design.md#2.1.8)). Acknowledged: each worker's count below is of what the class
+    // streams stored.
     deployment.store.insert_rows(&rows).await;
     test_support::rows::publish_stored(&jetstream::new(deployment.publisher.clone()), &rows).await;
     let mut expected = [0usize; 3];
