@@ -45,7 +45,7 @@ impl<S: StoreReads> ViewCache<S> {
         thread_id: &str,
         primary: Option<&Identity>,
     ) -> Result<Answer<F>, ReadError> {
-        let entry = self.entry(thread_id).await;
+        let mut entry = self.entry(thread_id).await;
         entry.read_now(&self.coverage);
         let unproven = !self.freshness.serves() && self.state(&entry) == ViewState::Complete;
         if unproven && !self.coverage.catch_up().blocked() {
@@ -57,7 +57,7 @@ impl<S: StoreReads> ViewCache<S> {
                 .wait(Instant::now() + self.bounds.store_timeout / 2)
                 .await;
         }
-        if let Some(answer) = self.complete_answer(&entry, primary, AnswerSource::Cache) {
+        if let Some(answer) = self.current_answer(&mut entry, primary).await {
             // Live events that arrived while the view was held were applied by its holder (this reader, maybe),
             // after the live path checked the limit: a view they took past it leaves now instead of answering.
             if self.leave_if_too_large(&entry, LimitPath::Live).await {
@@ -107,6 +107,31 @@ impl<S: StoreReads> ViewCache<S> {
                 return Ok(answer);
             }
         }
+    }
+
+    /// The answer from memory of `entry` if it is complete and still the thread's current entry once the serving
+    /// rule held ([`ViewCache::complete_answer`]). An entry the cache let go of while this read held it may lack
+    /// events applied to its successor since; the read then looks at the successor (once: a churning thread goes to
+    /// the store), and `entry` becomes it.
+    ///
+    /// Why this order keeps the promise: the rule held at some instant, so every event it requires was applied by
+    /// then; the entry was current after that instant, so it was current when each of those events was applied
+    /// after its creation, and those applied to a predecessor made it partial ([`ViewCache::apply`]).
+    async fn current_answer<F: Form>(
+        &self,
+        entry: &mut Arc<Entry>,
+        primary: Option<&Identity>,
+    ) -> Option<Answer<F>> {
+        for _ in 0..2 {
+            let answer = self.complete_answer(entry, primary, AnswerSource::Cache)?;
+            let current = self.entry(&entry.thread_id).await;
+            if Arc::ptr_eq(&current, entry) {
+                return Some(answer);
+            }
+            current.read_now(&self.coverage);
+            *entry = current;
+        }
+        None
     }
 
     /// The entry's view state as of its thread's current coverage epoch.

@@ -374,6 +374,7 @@ impl Scene {
         };
         let freshness = Freshness::new(coverage.clone(), LAG);
         let metrics = Metrics::new();
+        crate::telemetry::testing::undecided_default();
         let views = ViewCache::new(
             store.clone(),
             metrics.views(),
@@ -1553,3 +1554,5 @@ async fn a_read_of_a_view_that_needs_the_store_anyway_does_not_wait_for_the_sour
         "a cold view reads the store at once"
     );
 }
+
+mod model;

@@ -47,8 +47,54 @@ pub struct Recording {
     _default: tracing::subscriber::DefaultGuard,
 }
 
+/// The process's default subscriber in unit tests: it records nothing and never lets `tracing` cache a callsite as
+/// disabled. `tracing` caches whether a span is enabled when its callsite first runs; with one thread-local
+/// subscriber registered (a [`Recording`]) and no global one, a callsite first reached on another thread (a test
+/// beside the recording one) asks that thread's default (none) and is cached as never enabled, on every thread:
+/// the recording test then misses its spans. With this subscriber as the global default, every callsite is
+/// "sometimes", asked span by span of the current thread's subscriber.
+struct Undecided;
+
+impl tracing::Subscriber for Undecided {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, _: &tracing::Event<'_>) {}
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Makes [`Undecided`] the global default, once; tests that reach the worker's spans call it before their first
+/// span (the cache's scene does), so no callsite is cached as disabled before it is in place.
+pub fn undecided_default() {
+    static SET: std::sync::Once = std::sync::Once::new();
+    SET.call_once(|| {
+        // Fails only if a global default is already set, which then decides the interest itself.
+        let _ = tracing::subscriber::set_global_default(Undecided);
+    });
+}
+
 /// Starts recording the worker's spans on this thread.
 pub fn record() -> Recording {
+    undecided_default();
     let ended = Ended::default();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(ended.clone())
