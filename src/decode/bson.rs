@@ -24,6 +24,12 @@ pub const EVENT_DATA_FIELDS: [&str; 1 + Family::ALL.len()] = {
 /// Decodes one persisted row. The delivery key comes from the row's top-level fields (`event_id` is the row's, which
 /// aihub takes from the payload); a missing or non-string field is kept empty and reported by the projector.
 pub fn decode_row(row: &RawDocument) -> Decoded {
+    // A row whose `display_id` is not a string is in no visible display and makes none visible (visible displays
+    // are strings, [contract 5.1](../../docs/contract.md#5.1)): irrelevant, like a row of a hidden display, and
+    // never warned about.
+    if !matches!(row.get("display_id"), Ok(Some(RawBsonRef::String(_)))) {
+        return Decoded::Irrelevant;
+    }
     let key = row_key(row);
     let mut families = Families::default();
     if let Ok(Some(RawBsonRef::Array(parents))) = row.get("event_parents") {
@@ -150,5 +156,30 @@ mod tests {
         };
         assert_eq!(event.key.missing_field(), Some("agent_id"));
         assert_eq!(event.created_at, Err(ErrorType::TypeError));
+    }
+
+    #[test]
+    fn a_row_whose_display_id_is_not_a_string_is_irrelevant_even_as_a_marker() {
+        for display_id in [json!(5), json!(null), json!(["d"])] {
+            let row = json!({"agent_class": USER_AGENT, "agent_id": "id", "thread_id": "t", "display_id": display_id,
+                "run_id": "r", "event_id": "e1", "event_type": "display_event", "event_name": "UserMessageEvent",
+                "event_parents": ["UserMessageEvent"], "event_data": "not a mapping"});
+            let doc = mongodb::bson::to_raw_document_buf(&row).unwrap();
+            assert_eq!(decode_row(&doc), Decoded::Irrelevant, "{display_id}");
+        }
+        let mut row = mongodb::bson::to_document(&json!({"agent_class": "A", "agent_id": "id", "thread_id": "t",
+            "run_id": "r", "event_id": "e1", "event_type": "display_event", "event_name": "ChunkEvent",
+            "event_parents": ["ChunkEvent"], "event_data": {"created_at": 1, "content": "x"}}))
+        .unwrap();
+        assert_eq!(
+            decode_row(&mongodb::bson::RawDocumentBuf::from_document(&row).unwrap()),
+            Decoded::Irrelevant,
+            "no display_id"
+        );
+        row.insert("display_id", "d");
+        assert!(matches!(
+            decode_row(&mongodb::bson::RawDocumentBuf::from_document(&row).unwrap()),
+            Decoded::Event(_)
+        ));
     }
 }
