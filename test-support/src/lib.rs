@@ -9,7 +9,11 @@
 //! - [`rows`]: aihub's display events as persisted rows, their NATS subjects and payloads (the `aihub-rows` crate,
 //!   which the demo uses without the rest);
 //! - [`scrape`] and [`memory`]: reading `/metrics` and a process's memory and CPU time;
-//! - [`turns`] and [`hot_thread`]: the multi-turn read pattern and the hot-thread scenario (tests and P7, P8).
+//! - [`turns`] and [`hot_thread`]: the multi-turn read pattern and the hot-thread scenario (tests and P7, P8);
+//! - [`promise`]: the promise's oracle: a ledger of stored rows, the judge, judged readers and the feed client;
+//! - [`reference`]: a deliberately naive history builder from the contract's text, sharing no code with the worker:
+//!   the expected answer of the end-to-end comparisons, and the projector's cross-check;
+//! - [`wait`]: waits on state ([`wait::eventually`]) with limits scaled by `TEST_TIME_SCALE`.
 
 pub mod browser;
 pub mod class_streams;
@@ -17,10 +21,13 @@ pub mod hot_thread;
 pub mod memory;
 pub mod otlp;
 pub mod process;
+pub mod promise;
 pub mod proxy;
+pub mod reference;
 pub mod scrape;
 pub mod servers;
 pub mod turns;
+pub mod wait;
 pub mod worker;
 
 // A crate of its own, so the demo builds without the rest of test-support; every `test_support::rows` path stays.

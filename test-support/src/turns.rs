@@ -1,14 +1,15 @@
 //! aihub's read pattern as rows, for the multi-turn test and the benchmark's P7: a thread's turns, each on a new
 //! display (or, when a HITL question is open, on the question's display, where the answer lands), the primary
 //! agent streaming chunks and ending with a stop whose output has an unstreamed end, and every third turn a
-//! nested helper on a hidden display that asks a HITL question, answered at the start of the next turn.
+//! nested helper on a hidden display that asks a HITL question, answered at the start of the next turn. Every text
+//! starts with a token unique in its thread (`[a3.1]`, `[q4]`), which the promise's judge looks for
+//! ([`crate::promise`]).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use chat_history_view::decode::{Decoded, decode_row};
-use chat_history_view::project::{Identity, project};
 use serde_json::{Value, json};
 
+use crate::reference;
 use crate::rows::{self, Event};
 
 /// The agent whose turns these are; reads name it as the primary identity.
@@ -53,7 +54,7 @@ impl Conversation {
                     &hidden,
                     "HumanInTheLoopChatResponseEvent",
                     rows::HITL_CHAT_RESPONSE,
-                    json!({"response": format!("answer {turn}")}),
+                    json!({"response": format!("[r{turn}]answer {turn}")}),
                 ));
                 hidden
             }
@@ -65,26 +66,26 @@ impl Conversation {
                     "UserMessageEvent",
                     rows::USER_MESSAGE,
                     json!({"messages": [{"role": "user", "additional_kwargs": {},
-                    "blocks": [{"block_type": "text", "text": format!("question {turn}")}]}]}),
+                    "blocks": [{"block_type": "text", "text": format!("[q{turn}]question {turn}")}]}]}),
                 ));
                 display
             }
         };
         let mut streamed = String::new();
         for part in 0..3 {
-            let text = format!("answer {turn}.{part} ");
+            let text = format!("[a{turn}.{part}]answer {turn}.{part} ");
             streamed.push_str(&text);
             out.push(self.chunk(PRIMARY, &display, &text));
         }
         if turn % 3 == 1 {
             let hidden = format!("{}-h{turn}", self.thread);
-            out.push(self.chunk(HELPER, &hidden, &format!("helper {turn} ")));
+            out.push(self.chunk(HELPER, &hidden, &format!("[h{turn}]helper {turn} ")));
             out.push(self.row(
                 HELPER,
                 &hidden,
                 "HumanInTheLoopChatRequestEvent",
                 rows::HITL_CHAT_REQUEST,
-                json!({"question": format!("may I ask {turn}?"), "hitl_type": "chat"}),
+                json!({"question": format!("[k{turn}]may I ask {turn}?"), "hitl_type": "chat"}),
             ));
             self.open_question = Some(hidden);
         }
@@ -94,25 +95,11 @@ impl Conversation {
         out
     }
 
-    /// The history a read with the primary identity must answer: the projector over every published row.
+    /// The history a read with the primary identity must answer: the naive reference ([`reference`], not the
+    /// worker's own projector) over every published row.
     pub fn expected(&self) -> Value {
-        let events: Vec<_> = self
-            .published
-            .iter()
-            .filter_map(|row| {
-                let doc = mongodb::bson::to_raw_document_buf(row).expect("row converts to BSON");
-                match decode_row(&doc) {
-                    Decoded::Event(event) => Some(event),
-                    Decoded::Irrelevant => None,
-                }
-            })
-            .collect();
-        let primary = Identity {
-            agent_class: PRIMARY.0.into(),
-            agent_id: PRIMARY.1.into(),
-        };
-        let projection = project(&events, Some(&primary));
-        json!({"thread_id": self.thread, "messages": projection.history.messages})
+        let history = reference::history(&self.thread, &self.published, Some(PRIMARY));
+        json!({"thread_id": self.thread, "messages": history.messages})
     }
 
     /// The query string of a read with the primary identity.
