@@ -10,7 +10,7 @@
 #   make run              the service against the local servers (or scripts/demo.sh); installs only the two servers
 #                         (PyPI), not the tests' Prometheus and Chromium (Debian 12 packages)
 #   make soak             overlapping faults under load on the release worker, 5 cycles over 200 threads (SOAK_SECS,
-#                         SOAK_THREADS; tests/api/chaos.rs); a one-cycle version runs in `make test`
+#                         SOAK_THREADS; tests/api/chaos/); a one-cycle version runs in `make test`
 #   make fuzz             the decoders' fuzz targets, 60 s each (FUZZ_SECS, FUZZ_RUNS, FUZZ_TARGETS: scripts/fuzz.sh)
 #   make bench            the performance targets (docs/design.md section 7): installs the servers, builds the
 #                         release binary, runs benches/bench/main.rs (it starts its own servers and workers)

@@ -166,8 +166,13 @@ where
     let app = BinaryApp::start(&settings).await;
     app.wait_ready().await;
     // The feed is open before the first event: its transcript must end as the case's history.
-    let mut feed =
-        crate::feed::FeedClient::open(&app.api, &case.thread_id, &query(&case), None).await;
+    let mut feed = test_support::promise::FeedClient::open(
+        &crate::promise::target(&app.api),
+        &case.thread_id,
+        &query(&case),
+        None,
+    )
+    .await;
     let publisher = async_nats::connect(nats.url()).await.expect("publisher");
     publish_rows(&publisher, &case.rows).await;
     // Only display events reach the worker.

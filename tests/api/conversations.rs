@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 use test_support::rows::{self, Event};
 use test_support::servers::{MongoServer, NatsServer};
 
-use crate::helpers::{BinaryApp, Reply, TestStore, metric, publish_rows, unique, user_row};
-use crate::scene::now_ns;
+use crate::helpers::{BinaryApp, Reply, TestStore, publish_rows, unique, user_row};
+use crate::scene::{now_ns, wait_metric};
 
 /// A row of run `run` of agent `A` on display `d1`: a chunk, or its stop with `full` as the whole answer.
 fn run_row(
@@ -98,7 +98,8 @@ async fn a_read_waiting_for_a_run_answers_when_its_stop_arrives_live() {
             .await;
         (reply, started.elapsed())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // It waits (counted by the gauge) and is not answered while the run goes on.
+    wait_metric(&app.api, "history_view_http_waiting_reads", 1.0).await;
     assert!(!waiting.is_finished(), "answered before the run finished");
     publish_rows(
         &publisher,
@@ -158,14 +159,7 @@ async fn waiting_reads_take_no_in_flight_permit_and_are_bounded_by_their_own_set
         })
         .collect();
     // Both wait (counted by the gauge); a third is refused; plain reads still get the one in-flight permit.
-    let deadline = Instant::now() + Duration::from_secs(4);
-    while metric(&app.api.metrics().await, "history_view_http_waiting_reads") < 2.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the two waiters never both waited"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_metric(&app.api, "history_view_http_waiting_reads", 2.0).await;
     let third = app.api.history(thread, "wait_for_run=r9&wait_ms=0").await;
     assert_eq!(third.status, 503, "{}", third.body);
     assert_eq!(third.json()["error"]["code"], "overloaded");

@@ -449,7 +449,7 @@ async fn the_inspector_page_shows_a_live_thread_in_a_real_browser() {
             "{ended}"
         );
         // Past the feed's reconnection delay, the page has not tried again (it would show an error: the worker is
-        // gone).
+        // gone). The scenario: an absence over the delay, which only the delay's passing shows.
         std::thread::sleep(Duration::from_millis(1_500));
         let later = browser.eval("document.getElementById('status').dataset.state");
         assert_eq!(later, "ended");

@@ -1,174 +1,74 @@
-//! The live feed (`history/stream`) through the binary with a real SSE client (eventsource-stream over reqwest):
-//! live events arrive as updates and the client's transcript equals a read; a resume with `Last-Event-ID` while
-//! events keep arriving misses and doubles nothing; a gap and an eviction bring a fresh snapshot and the feed goes
-//! on; a stream outlives the idle timeout and ends within the drain on shutdown, with an `end` event saying so; a
-//! thread that grows past the thread limit ends its feed with the history's 507 body, and a resume answers 507.
-//! Every live conformance case also streams to its expected history (`conformance::live_case`).
+//! The live feed (`history/stream`) through the binary with a real SSE client (`test_support::promise::FeedClient`:
+//! eventsource-stream over reqwest), every transcript judged against the stored rows (`test_support::promise`): live
+//! events arrive as updates and the client's transcript equals the reference; a resume with `Last-Event-ID` while
+//! events keep arriving misses and doubles nothing; a gap and an eviction bring a fresh snapshot, no transcript
+//! holds an event after the gap without the one missed in it, and the feed goes on; a stream outlives the idle
+//! timeout and ends within the drain on shutdown, with an `end` event saying so; a thread that grows past the thread
+//! limit ends its feed with the history's 507 body, and a resume answers 507. Every live conformance case also
+//! streams to its expected history (`conformance::live_case`).
 
 use std::time::{Duration, Instant};
 
-use eventsource_stream::{Event, Eventsource};
-use futures_util::StreamExt;
-use futures_util::stream::BoxStream;
 use serde_json::Value;
+use test_support::promise::{FeedClient, Ledger};
 use test_support::proxy::Proxy;
 
-use crate::helpers::{
-    Api, chunk_row, encode, metric, publish_rows, spawn_app_with, turns, user_row,
-};
+use crate::helpers::{Api, chunk_row, metric, publish_rows, spawn_app_with, user_row};
+use crate::promise::{target, warm};
 use crate::scene::{Scene, now_ns, read_until_cache};
 
-/// An open feed and the transcript its events build.
-pub struct FeedClient {
-    events: BoxStream<'static, Result<Event, String>>,
-    /// The messages as the events so far make them.
-    pub messages: Vec<Value>,
-    /// The id of the last event.
-    pub last_id: String,
-    /// The kinds of the events received, in order.
-    pub kinds: Vec<String>,
-    /// The data of the feed's `end` event, once it came (the history's error body).
-    pub ended: Option<Value>,
+/// The workers' persister-lag bound (their default).
+const LAG: Duration = Duration::from_secs(2);
+
+/// Opens `thread`'s feed through `api` (resuming after `last_id`), every transcript judged against `ledger`.
+async fn judged_feed(
+    api: &Api,
+    thread: &str,
+    ledger: &Ledger,
+    last_id: Option<&str>,
+) -> FeedClient {
+    FeedClient::open(&target(api), thread, "", last_id)
+        .await
+        .judged(ledger, None)
 }
 
-impl FeedClient {
-    /// Opens the feed of `thread` with `query`, resuming after `last_id` when given; panics unless it answers 200
-    /// `text/event-stream` with `Cache-Control: no-store`.
-    pub async fn open(api: &Api, thread: &str, query: &str, last_id: Option<&str>) -> Self {
-        let mut request = api.http.get(format!(
-            "{}/v1/threads/{}/history/stream?{query}",
-            api.address,
-            encode(thread)
-        ));
-        if let Some(id) = last_id {
-            request = request.header("last-event-id", id);
-        }
-        let response = request.send().await.expect("the feed answers");
-        assert_eq!(response.status(), 200, "the feed of {thread}");
-        assert_eq!(response.headers()["content-type"], "text/event-stream");
-        assert_eq!(response.headers()["cache-control"], "no-store");
-        let events = response
-            .bytes_stream()
-            .eventsource()
-            .map(|event| event.map_err(|e| e.to_string()))
-            .boxed();
-        Self {
-            events,
-            messages: Vec::new(),
-            last_id: last_id.unwrap_or_default().to_owned(),
-            kinds: Vec::new(),
-            ended: None,
-        }
-    }
-
-    /// Applies the next event (within `limit`); `false` when none came or the feed ended.
-    pub async fn apply_next(&mut self, limit: Duration) -> bool {
-        let Ok(Some(Ok(event))) = tokio::time::timeout(limit, self.events.next()).await else {
-            return false;
-        };
-        self.apply(event);
-        true
-    }
-
-    /// Applies `event` to the transcript (an `end` to [`FeedClient::ended`]); panics on an event after the `end`.
-    fn apply(&mut self, event: Event) {
-        assert_eq!(self.ended, None, "an event after the end: {event:?}");
-        let data: Value = serde_json::from_str(&event.data).expect("an event's data is JSON");
-        match event.event.as_str() {
-            "end" => {
-                // The end names no answer: the client resumes after the last one it applied.
-                assert_eq!(event.id, self.last_id, "the end carries no id of its own");
-                self.ended = Some(data);
-                self.kinds.push(event.event);
-                return;
-            }
-            "snapshot" => self.messages = data["messages"].as_array().expect("messages").clone(),
-            "update" => {
-                let from = data["from"].as_u64().expect("from") as usize;
-                assert!(from <= self.messages.len(), "an update from past the end");
-                self.messages.truncate(from);
-                self.messages.extend(
-                    data["messages"]
-                        .as_array()
-                        .expect("messages")
-                        .iter()
-                        .cloned(),
-                );
-            }
-            other => panic!("unexpected event {other}"),
-        }
-        self.last_id = event.id;
-        self.kinds.push(event.event);
-    }
-
-    /// Applies events until the transcript equals `expected` (within `limit`); the transcript either way.
-    pub async fn until(&mut self, expected: &Value, limit: Duration) -> Value {
-        let deadline = Instant::now() + limit;
-        while Value::Array(self.messages.clone()) != *expected {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || !self.apply_next(left).await {
-                break;
-            }
-        }
-        Value::Array(self.messages.clone())
-    }
-
-    /// Whether the feed ends (the body closes) within `limit`, applying what comes before.
-    pub async fn ends_within(&mut self, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        loop {
-            match tokio::time::timeout_at(deadline.into(), self.events.next()).await {
-                Err(_) => return false,
-                Ok(None) | Ok(Some(Err(_))) => return true,
-                Ok(Some(Ok(event))) => self.apply(event),
-            }
-        }
-    }
-
-    /// The code of the feed's `end` event, if it came.
-    pub fn end_code(&self) -> Option<&str> {
-        self.ended.as_ref()?["error"]["code"].as_str()
-    }
-}
-
-/// The history of `thread` as the worker answers it now.
-async fn history(api: &Api, thread: &str) -> Value {
-    api.history(thread, "").await.json()["messages"].clone()
+/// Chunk `n` of `thread`'s answer, its text starting with its token `[c<n>]`.
+fn chunk(thread: &str, n: i64, text: &str) -> Value {
+    chunk_row(
+        thread,
+        "d1",
+        "A",
+        &format!("c{n}"),
+        now_ns(n),
+        &format!("[c{n}]{text}"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_events_arrive_as_updates_and_a_resume_misses_and_doubles_nothing() {
     let scene = Scene::new().await;
+    let ledger = Ledger::new(LAG);
+    let events = scene.store.events();
     let app = scene.worker(scene.nats.url(), &[]).await;
     let thread = "feed-live";
     // A stored turn, served from memory (past the persister-lag bound, so live events keep the view complete).
-    scene.warm(&app.api, thread).await;
-    let mut feed = FeedClient::open(&app.api, thread, "", None).await;
+    warm(&scene, &ledger, &app.api, thread).await;
+    let mut feed = judged_feed(&app.api, thread, &ledger, None).await;
     assert!(feed.apply_next(Duration::from_secs(5)).await);
     assert_eq!(feed.kinds, ["snapshot"]);
-    assert_eq!(Value::Array(feed.messages.clone()), turns(&[("user", "Q")]));
+    assert_eq!(feed.transcript(), ledger.reference(thread, None));
 
-    // Events one by one: each arrives as an update, the transcript equals the worker's read after each.
-    let mut rows = Vec::new();
-    for i in 0..8 {
-        rows.push(chunk_row(
-            thread,
-            "d1",
-            "A",
-            &format!("c{i}"),
-            now_ns(1 + i),
-            &format!("{i} "),
-        ));
-    }
+    // Events one by one, stored and published as aihub does: each arrives as an update, the transcript equals the
+    // reference after each.
+    let rows: Vec<Value> = (0..8)
+        .map(|i| chunk(thread, 1 + i, &format!("{i} ")))
+        .collect();
     for (n, row) in rows.iter().enumerate() {
-        publish_rows(&scene.publisher, std::slice::from_ref(row)).await;
+        ledger
+            .store_and_publish(&events, &scene.publisher, std::slice::from_ref(row))
+            .await;
         app.api.wait_for_events(n as u64 + 1).await;
-        let expected = history(&app.api, thread).await;
-        assert_eq!(
-            feed.until(&expected, Duration::from_secs(5)).await,
-            expected,
-            "after event {n}"
-        );
+        feed.until_reference(Duration::from_secs(5)).await;
     }
     assert!(
         feed.kinds[1..].iter().all(|k| k == "update"),
@@ -180,41 +80,33 @@ async fn live_events_arrive_as_updates_and_a_resume_misses_and_doubles_nothing()
     // Disconnected while events keep coming; resumed with Last-Event-ID while more arrive.
     let (last, held) = (feed.last_id.clone(), feed.messages.clone());
     drop(feed);
-    let publisher = scene.publisher.clone();
     let more: Vec<Value> = (8..40)
-        .map(|i| {
-            chunk_row(
-                thread,
-                "d1",
-                "A",
-                &format!("c{i}"),
-                now_ns(1 + i),
-                &format!("{i} "),
-            )
-        })
+        .map(|i| chunk(thread, 1 + i, &format!("{i} ")))
         .collect();
     let (before, during) = more.split_at(10);
-    publish_rows(&publisher, before).await;
+    ledger
+        .store_and_publish(&events, &scene.publisher, before)
+        .await;
     app.api.wait_for_events(rows.len() as u64 + 10).await;
     let during = during.to_vec();
-    let publishing = tokio::spawn(async move {
-        for row in &during {
-            publish_rows(&publisher, std::slice::from_ref(row)).await;
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
-    let mut resumed = FeedClient::open(&app.api, thread, "", Some(&last)).await;
+    let publishing = {
+        let (ledger, events, publisher) = (ledger.clone(), events.clone(), scene.publisher.clone());
+        tokio::spawn(async move {
+            for row in &during {
+                ledger
+                    .store_and_publish(&events, &publisher, std::slice::from_ref(row))
+                    .await;
+            }
+        })
+    };
+    let mut resumed = judged_feed(&app.api, thread, &ledger, Some(&last)).await;
     // The resumed client goes on from what it held: the rest comes from updates alone.
     resumed.messages = held;
     publishing.await.unwrap();
     app.api
         .wait_for_events(rows.len() as u64 + more.len() as u64)
         .await;
-    let expected = history(&app.api, thread).await;
-    assert_eq!(
-        resumed.until(&expected, Duration::from_secs(5)).await,
-        expected
-    );
+    resumed.until_reference(Duration::from_secs(5)).await;
     assert_eq!(resumed.kinds[0], "update", "{:?}", resumed.kinds);
     assert!(
         resumed.kinds.iter().all(|k| k == "update"),
@@ -232,47 +124,63 @@ async fn live_events_arrive_as_updates_and_a_resume_misses_and_doubles_nothing()
     assert_eq!(metric(&metrics, "history_view_feed_streams"), 1.0);
 
     // An id the worker does not know: a snapshot.
-    let mut unknown = FeedClient::open(&app.api, thread, "", Some("1.1")).await;
+    let mut unknown = judged_feed(&app.api, thread, &ledger, Some("1.1")).await;
     assert!(unknown.apply_next(Duration::from_secs(5)).await);
     assert_eq!(unknown.kinds, ["snapshot"]);
-    assert_eq!(Value::Array(unknown.messages.clone()), expected);
+    assert_eq!(unknown.transcript(), ledger.reference(thread, None));
+    unknown
+        .report
+        .assert_kept("the feed resumed with an unknown id");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gap_during_the_stream_brings_a_fresh_snapshot_and_nothing_stale() {
     let scene = Scene::new().await;
+    let ledger = Ledger::new(LAG);
+    let events = scene.store.events();
     let proxy = Proxy::start(scene.nats.address()).await;
     let app = scene.worker(proxy.nats_url(), &[]).await;
     let thread = "feed-gap";
-    scene.warm(&app.api, thread).await;
-    let mut feed = FeedClient::open(&app.api, thread, "", None).await;
+    warm(&scene, &ledger, &app.api, thread).await;
+    let mut feed = judged_feed(&app.api, thread, &ledger, None).await;
     assert!(feed.apply_next(Duration::from_secs(5)).await);
-    assert_eq!(Value::Array(feed.messages.clone()), turns(&[("user", "Q")]));
+    assert_eq!(feed.transcript(), ledger.reference(thread, None));
 
     // Missed live during the cut, persisted: the view is partial, and the feed must not miss the event.
     proxy.cut();
     app.api.wait_readiness(false).await;
-    let missed = chunk_row(thread, "d1", "A", "e2", now_ns(1), "missed");
+    let missed = chunk(thread, 2, "missed");
+    ledger.published(std::slice::from_ref(&missed));
     publish_rows(&scene.publisher, std::slice::from_ref(&missed)).await;
-    scene.store.insert_rows(std::slice::from_ref(&missed)).await;
+    ledger.store(&events, std::slice::from_ref(&missed)).await;
     proxy.restore();
     app.wait_ready().await;
     // A live event after the gap: the feed reads again, and with the view partial, sends a snapshot.
-    let after = chunk_row(thread, "d1", "A", "e3", now_ns(2), " then");
-    scene.store.insert_rows(std::slice::from_ref(&after)).await;
-    publish_rows(&scene.publisher, std::slice::from_ref(&after)).await;
-    let expected = turns(&[("user", "Q"), ("assistant", "missed then")]);
     let before = feed.kinds.len();
-    assert_eq!(
-        feed.until(&expected, Duration::from_secs(10)).await,
-        expected
-    );
-    // Whatever came after the gap came as a snapshot, and no transcript between lacked the missed event but held
-    // the later one (an update from a partial view).
+    let after = chunk(thread, 3, " then");
+    ledger
+        .store_and_publish(&events, &scene.publisher, std::slice::from_ref(&after))
+        .await;
+    feed.until_reference(Duration::from_secs(10)).await;
+    // Whatever came after the gap came as a snapshot, and no transcript held the later event without the missed
+    // one (an update from a partial view).
     assert!(
         feed.kinds[before..].iter().any(|k| k == "snapshot"),
         "{:?}",
         feed.kinds
+    );
+    for transcript in &feed.transcripts {
+        let text = transcript.to_string();
+        assert!(
+            !text.contains("[c3]") || text.contains("[c2]"),
+            "a transcript with the later event but not the missed one: {text} ({:?})",
+            feed.kinds
+        );
+    }
+    assert!(
+        feed.transcripts
+            .last()
+            .is_some_and(|t| t.to_string().contains("[c3]"))
     );
 }
 
@@ -290,25 +198,18 @@ async fn the_feed_goes_on_through_evictions_and_idle_timeouts_and_ends_on_shutdo
         )
         .await;
     let thread = "feed-evicted";
-    scene.warm(&app.api, thread).await;
-    let mut feed = FeedClient::open(&app.api, thread, "", None).await;
+    let ledger = Ledger::new(LAG);
+    let events = scene.store.events();
+    warm(&scene, &ledger, &app.api, thread).await;
+    let mut feed = judged_feed(&app.api, thread, &ledger, None).await;
     assert!(feed.apply_next(Duration::from_secs(5)).await);
 
     // Other threads stream in until the budget has pushed the thread out (the eviction policy decides when); each
     // round the thread gets a stored and published event, which the feed delivers whatever happened to its entry.
-    let mut text = String::new();
     let mut evicted = false;
     for round in 0..5 {
-        let part = format!("{round} ");
-        let event = chunk_row(
-            thread,
-            "d1",
-            "A",
-            &format!("r{round}"),
-            now_ns(1 + round),
-            &part,
-        );
-        scene.store.insert_rows(std::slice::from_ref(&event)).await;
+        let event = chunk(thread, 1 + round, &format!("{round} "));
+        ledger.store(&events, std::slice::from_ref(&event)).await;
         let flood: Vec<Value> = (0..1_500)
             .map(|t| {
                 chunk_row(
@@ -322,15 +223,10 @@ async fn the_feed_goes_on_through_evictions_and_idle_timeouts_and_ends_on_shutdo
             })
             .collect();
         publish_rows(&scene.publisher, &flood).await;
+        ledger.published(std::slice::from_ref(&event));
         publish_rows(&scene.publisher, std::slice::from_ref(&event)).await;
-        text.push_str(&part);
-        let expected = turns(&[("user", "Q"), ("assistant", &text)]);
         let kinds = feed.kinds.len();
-        assert_eq!(
-            feed.until(&expected, Duration::from_secs(10)).await,
-            expected,
-            "round {round}"
-        );
+        feed.until_reference(Duration::from_secs(10)).await;
         evicted |= feed.kinds[kinds..].iter().any(|k| k == "snapshot");
         if evicted {
             break;
@@ -338,17 +234,14 @@ async fn the_feed_goes_on_through_evictions_and_idle_timeouts_and_ends_on_shutdo
     }
     assert!(evicted, "the thread was never evicted: {:?}", feed.kinds);
 
-    // Longer than the idle timeout without an event: the stream is not closed, and the next event arrives.
+    // Longer than the idle timeout without an event (the scenario's time: the stream must outlive it): the
+    // stream is not closed, and the next event arrives.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let later = chunk_row(thread, "d1", "A", "late", now_ns(100), "!");
-    scene.store.insert_rows(std::slice::from_ref(&later)).await;
-    publish_rows(&scene.publisher, std::slice::from_ref(&later)).await;
-    text.push('!');
-    let expected = turns(&[("user", "Q"), ("assistant", &text)]);
-    assert_eq!(
-        feed.until(&expected, Duration::from_secs(10)).await,
-        expected
-    );
+    let later = chunk(thread, 100, "!");
+    ledger
+        .store_and_publish(&events, &scene.publisher, std::slice::from_ref(&later))
+        .await;
+    feed.until_reference(Duration::from_secs(10)).await;
 
     // SIGTERM: the feed says so in its `end` event and ends, and the worker exits within the drain.
     let started = Instant::now();
@@ -384,7 +277,7 @@ async fn a_feed_whose_thread_passes_the_limit_ends_with_the_history_error_and_a_
     ];
     app.store.insert_rows(&start).await;
     read_until_cache(&app.api, thread, "").await;
-    let mut feed = FeedClient::open(&app.api, thread, "", None).await;
+    let mut feed = FeedClient::open(&target(&app.api), thread, "", None).await;
     assert!(feed.apply_next(Duration::from_secs(5)).await);
     assert_eq!(feed.kinds, ["snapshot"]);
 

@@ -3,14 +3,15 @@
 //! not read is filled off the read path. A read during a fill waits for it; a failed fill, or a gap during one,
 //! leaves the view partial. Each scenario ends with a read from `cache` equal to a fresh worker's cold read.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::future::join_all;
 
-use crate::helpers::{Api, BinaryApp, metric, publish_rows};
+use crate::helpers::{Api, BinaryApp, metric, metric_sum, publish_rows};
 use crate::scene::{Scene, read_until_cache, wait_check, wait_metric};
 use test_support::proxy::Proxy;
 use test_support::turns::Conversation;
+use test_support::wait::{eventually, when};
 
 /// Two turns persisted before the worker starts: the second asked a HITL question on a hidden display, which the
 /// next turn answers.
@@ -92,14 +93,19 @@ async fn the_multi_turn_read_pattern_is_served_from_memory_after_each_threads_fi
         .worker(scene.nats.url(), &[("HISTORY_VIEW_PERSIST_LAG_MS", "300")])
         .await;
     // The workload starts once the bound has passed since the worker confirmed its subscription, as it does for a
-    // worker that has been running for a while.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // worker that has been running for a while: a thread of its own is served from memory.
+    read_until_cache(&app.api, "multi-turn-bound-passed", "").await;
+    let markers = "history_view_store_queries_total{kind=\"hydration_markers\"}";
+    let hydrated_before = metric(&app.api.metrics().await, markers);
+    // The threads go turn by turn together: once every thread's turn is published, the worker has applied all its
+    // events and completed its fill (one a turn) before the next reads.
+    let (turned, published) = (&tokio::sync::Barrier::new(THREADS), &AtomicU64::new(0));
     let runs = (0..THREADS).map(|t| {
         let (api, scene) = (app.api.clone(), &scene);
         async move {
             let mut conversation = Conversation::new(format!("multi-turn-{t}"));
             let mut sources = Vec::new();
-            for _ in 0..TURNS {
+            for turn in 0..TURNS {
                 let reply = api
                     .history(&conversation.thread, &Conversation::query())
                     .await;
@@ -114,7 +120,23 @@ async fn the_multi_turn_read_pattern_is_served_from_memory_after_each_threads_fi
                 let rows = conversation.next_turn();
                 publish_rows(&scene.publisher, &rows).await;
                 scene.store.insert_rows(&rows).await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                published.fetch_add(rows.len() as u64, Ordering::SeqCst);
+                turned.wait().await;
+                let (events, filled) = (published.load(Ordering::SeqCst), THREADS * (turn + 1));
+                eventually("every turn so far applied and filled", || {
+                    let api = &api;
+                    async move {
+                        let metrics = api.metrics().await;
+                        let applied = metric_sum(&metrics, "history_view_events_total");
+                        let fills = fills(&metrics, "complete");
+                        when(applied >= events as f64 && fills >= filled as f64, || {
+                            format!(
+                                "{applied} of {events} events applied, {fills} of {filled} fills"
+                            )
+                        })
+                    }
+                })
+                .await;
             }
             (conversation, sources)
         }
@@ -137,10 +159,7 @@ async fn the_multi_turn_read_pattern_is_served_from_memory_after_each_threads_fi
     assert_eq!(fills(&metrics, "complete"), turns, "{metrics}");
     assert_eq!(fills(&metrics, "error") + fills(&metrics, "partial"), 0.0);
     assert_eq!(
-        metric(
-            &metrics,
-            "history_view_store_queries_total{kind=\"hydration_markers\"}"
-        ),
+        metric(&metrics, markers) - hydrated_before,
         THREADS as f64,
         "one hydration per thread, at its first read"
     );

@@ -9,7 +9,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::{Api, metric, spawn_app_with, user_row};
+use crate::scene::wait_metric;
 use test_support::servers::{MongoServer, NatsServer};
+use test_support::wait::scaled;
 
 /// The `host:port` of an [`Api`].
 fn socket_address(api: &Api) -> String {
@@ -46,8 +48,9 @@ async fn idle_after_one_request(api: &Api) -> TcpStream {
 }
 
 /// How long after `since` the server closed `stream` (reading until end of stream), or `None` if it was still
-/// open at `limit` after `since`.
+/// open at `limit` (scaled) after `since`.
 async fn closed_after(stream: &mut TcpStream, since: Instant, limit: Duration) -> Option<Duration> {
+    let limit = scaled(limit);
     let mut buf = [0u8; 1024];
     loop {
         let left = (since + limit).checked_duration_since(Instant::now())?;
@@ -130,13 +133,16 @@ async fn a_flood_up_to_the_connection_cap_leaves_the_probes_reachable() {
     app.store
         .insert_rows(&[user_row("t-flood", "d1", "e1", 1, "Q")])
         .await;
-    // Slow clients take every connection of the cap.
+    // Slow clients take every connection of the cap: all of them accepted (the gauge, read on the probes' own
+    // listener, counts each one the server serves) before anyone else connects.
+    let connections = "history_view_http_connections";
+    let open = metric(&probes.metrics().await, connections);
     let started = Instant::now();
     let mut slow = Vec::new();
     for _ in 0..CAP {
         slow.push(connect(&app.api, b"GET /v1/threads/t-flood/history HTTP/1.1\r\n").await);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_metric(&probes, connections, open + CAP as f64).await;
 
     // The probes and /metrics still answer; a read is turned away at once.
     let beyond = Api::new(app.api.address.clone());
@@ -153,11 +159,19 @@ async fn a_flood_up_to_the_connection_cap_leaves_the_probes_reachable() {
 
     // Past the reserve too (half-sent probes hold it), a connection is closed at once; the probes' own listener
     // (HISTORY_VIEW_PROBE_LISTEN) still answers them, and only them.
+    // Each connection past the cap is counted as refused when accepted (served from the reserve, or closed).
+    let refusals = r#"history_view_http_refused_total{reason="connections"}"#;
+    let refused_before = metric(&probes.metrics().await, refusals);
     let mut reserve = Vec::new();
     for _ in 0..chat_history_view::http::RESERVED_CONNECTIONS {
         reserve.push(connect(&app.api, b"GET /healthz HTTP/1.1\r\n").await);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_metric(
+        &probes,
+        refusals,
+        refused_before + chat_history_view::http::RESERVED_CONNECTIONS as f64,
+    )
+    .await;
     let mut refused = connect(&app.api, b"").await;
     let closed = closed_after(&mut refused, Instant::now(), Duration::from_secs(5)).await;
     assert!(
@@ -214,14 +228,7 @@ async fn reads_beyond_the_in_flight_cap_answer_503_at_once() {
     };
     // The held read has its permit once it has missed the cache (a probe sent earlier could take the permit
     // itself and wait for the frozen store).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&app.api.metrics().await, "history_view_cache_misses_total") < 1.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the held read never reached the cache"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_metric(&app.api, "history_view_cache_misses_total", 1.0).await;
     let turned_away = Api::new(app.api.address.clone())
         .history("t-other", "")
         .await;
@@ -416,16 +423,13 @@ async fn secrets_are_never_printed_in_help_errors_logs_or_metrics() {
 
 /// Waits until the binary logs the address it listens on.
 async fn wait_for_address(stdout: &Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    test_support::wait::eventually_within("the address logged", Duration::from_secs(30), || {
         let text = std::fs::read_to_string(stdout).unwrap_or_default();
-        if let Some(address) = text.lines().find_map(|line| {
+        let address = text.lines().find_map(|line| {
             let entry: serde_json::Value = serde_json::from_str(line).ok()?;
             Some(entry["address"].as_str()?.to_owned())
-        }) {
-            return address;
-        }
-        assert!(Instant::now() < deadline, "no address logged:\n{text}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        });
+        async move { address.ok_or(text) }
+    })
+    .await
 }

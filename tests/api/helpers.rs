@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chat_history_view::config::{Config, LogFormat};
 use chat_history_view::http::SOURCE_HEADER;
@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 
 use test_support::rows::{self, Event};
 use test_support::servers::{MongoServer, NatsServer};
+use test_support::wait::{LIMIT, eventually, eventually_within, poll_within, when};
 use test_support::worker::WorkerProcess;
 
 /// aihub's index set on `agent_events` ([contract section 3](../../docs/contract.md#3)), by name.
@@ -156,32 +157,7 @@ impl TestStore {
 
 pub use test_support::rows::publish as publish_rows;
 
-/// A Conversations item as the history message it renders: `input_text`/`output_text` as `text`, `input_image` as
-/// `image_url`, an audio `input_file` (a `data:audio/<format>;base64,` URL) as `input_audio`.
-pub fn item_to_message(item: &Value) -> Value {
-    let content: Vec<Value> = item["content"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-        .map(|part| match part["type"].as_str().unwrap_or_default() {
-            "input_text" | "output_text" => serde_json::json!({"type": "text", "text": part["text"]}),
-            "input_image" => {
-                serde_json::json!({"type": "image_url", "image_url": {"url": part["image_url"]}})
-            }
-            "input_file" => {
-                let data = part["file_data"].as_str().unwrap_or_default();
-                let (format, data) = data
-                    .strip_prefix("data:audio/")
-                    .and_then(|rest| rest.split_once(";base64,"))
-                    .unwrap_or(("?", data));
-                serde_json::json!({"type": "input_audio", "input_audio": {"data": data, "format": format}})
-            }
-            other => serde_json::json!({"type": format!("unexpected {other}")}),
-        })
-        .collect();
-    serde_json::json!({"role": item["role"], "content": content})
-}
+pub use test_support::promise::item_to_message;
 
 /// A parsed HTTP response.
 #[derive(Debug)]
@@ -316,25 +292,19 @@ impl Api {
 
     /// Waits until `/readyz` answers 200 (`ready`) or 503 (not `ready`).
     pub async fn wait_readiness(&self, ready: bool) {
-        self.wait_readiness_within(ready, Duration::from_secs(20))
-            .await;
+        self.wait_readiness_within(ready, LIMIT).await;
     }
 
-    /// [`Api::wait_readiness`] for up to `limit`.
+    /// [`Api::wait_readiness`] for up to `limit` (scaled).
     pub async fn wait_readiness_within(&self, ready: bool, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
+        let what = format!("readiness to become {ready}");
+        eventually_within(&what, limit, || async move {
             let reply = self.get("/readyz", &[]).await;
-            if (reply.status == 200) == ready {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "readiness did not become {ready}: {}",
-                reply.body
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+            when((reply.status == 200) == ready, || {
+                format!("{} {}", reply.status, reply.body)
+            })
+        })
+        .await;
     }
 
     pub async fn metrics(&self) -> String {
@@ -343,37 +313,36 @@ impl Api {
 
     /// Waits until the worker has received at least `count` NATS messages (any outcome).
     pub async fn wait_for_events(&self, count: u64) {
-        self.wait_for_events_within(count, Duration::from_secs(20))
-            .await;
+        self.wait_for_events_within(count, LIMIT).await;
     }
 
-    /// [`Api::wait_for_events`] for at most `limit`.
+    /// [`Api::wait_for_events`] for at most `limit` (scaled).
     pub async fn wait_for_events_within(&self, count: u64, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
+        let what = format!("the worker to receive {count} events");
+        eventually_within(&what, limit, || async move {
             let received = metric_sum(&self.metrics().await, "history_view_events_total");
-            if received >= count as f64 {
-                return;
+            when(received >= count as f64, || format!("{received} received"))
+        })
+        .await;
+    }
+
+    /// The sum over label sets of the sample `name` on `/metrics`, once it is at least `at_least` (a counter or a
+    /// gauge reaching a value); fails after [`LIMIT`] naming the last value and the exposition.
+    pub async fn wait_metric_sum(&self, name: &str, at_least: f64) -> f64 {
+        eventually(&format!("{name} to reach {at_least}"), || async move {
+            let metrics = self.metrics().await;
+            let value = metric_sum(&metrics, name);
+            if value >= at_least {
+                Ok(value)
+            } else {
+                Err(format!("{value}:\n{metrics}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "worker received {received} of {count} events"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        })
+        .await
     }
 }
 
-/// Percent-encodes a path segment.
-pub fn encode(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
+pub use test_support::promise::encode;
 
 pub use test_support::scrape::{metric, metric_sum};
 
@@ -431,10 +400,11 @@ impl TestApp {
         self.api.wait_readiness(true).await;
     }
 
-    /// Asks the application to stop and waits up to `limit` for `run_until_stopped` to return.
+    /// Asks the application to stop and waits up to `limit` (scaled) for `run_until_stopped` to return.
     pub async fn stop_within(&mut self, limit: Duration) -> anyhow::Result<()> {
         self.signal_stop();
         let task = self.task.take().expect("the application runs");
+        let limit = test_support::wait::scaled(limit);
         tokio::time::timeout(limit, task)
             .await
             .map_err(|_| anyhow::anyhow!("the application did not stop within {limit:?}"))?
@@ -532,16 +502,31 @@ impl BinaryApp {
         self.worker.resume();
     }
 
-    /// Waits up to `limit` for the process to exit.
+    /// Waits up to `limit` (scaled) for the process to exit; `None` if it still runs then.
     pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Some(status) = self.worker.try_wait() {
-                return Some(status);
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        None
+        let worker = &mut self.worker;
+        poll_within(limit, || {
+            let exited = worker.try_wait().ok_or_else(|| "running".to_owned());
+            async move { exited }
+        })
+        .await
+        .ok()
+    }
+
+    /// The exit status if the process has exited, without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.worker.try_wait()
+    }
+
+    /// Waits until the worker has logged a line containing `needle`, and returns the first such line.
+    pub async fn wait_log(&self, needle: &str) -> String {
+        eventually(&format!("a log line containing {needle:?}"), || {
+            let line = self.log_lines(needle).into_iter().next();
+            let tail = || self.worker.log_tail();
+            let found = line.ok_or_else(tail);
+            async move { found }
+        })
+        .await
     }
 }
 

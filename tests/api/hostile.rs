@@ -3,7 +3,7 @@
 //! fresh.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -12,6 +12,7 @@ use crate::helpers::{chunk_row, metric, publish_rows, user_row, worker_binary};
 use crate::scene::{Scene, now_ns, read_until_cache, wait_metric};
 use test_support::hot_thread::{self, Probes};
 use test_support::scrape::live_drops;
+use test_support::wait::{eventually, when};
 
 /// A NATS client speaking the protocol by hand, so that it can publish what async-nats refuses to.
 struct RawClient {
@@ -96,16 +97,13 @@ async fn subjects_that_are_not_utf8_are_counted_without_a_reconnect_or_a_downgra
         &[chunk_row(thread, "d1", "A", "c1", now_ns(1), "after")],
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let reply = app.api.history(thread, "").await;
+    let api = &app.api;
+    eventually("the live event in the view", || async move {
+        let reply = api.history(thread, "").await;
         assert_eq!(reply.source(), Some("cache"), "{}", reply.body);
-        if reply.body.contains("after") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the live event never showed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        when(reply.body.contains("after"), || reply.body)
+    })
+    .await;
     let metrics = app.api.metrics().await;
     for event in ["disconnected", "client_error", "server_error"] {
         assert_eq!(

@@ -3,24 +3,25 @@
 //! conformance cases and random threads; a cut link and a restarted nats-server, neither a gap (the views stay complete, no store read);
 //! a stream deleted and recreated under the worker, a gap; a restarted worker that replays what it missed.
 
+use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use chat_history_view::project::project;
 use serde_json::Value;
 
 use crate::conformance::{live_case_prepared, run_all};
 use crate::helpers::{
     Api, BinaryApp, TestStore, chunk_row, metric, publish_rows, turns, unique, user_row,
 };
-use crate::projector::decode_rows;
 use crate::scene::{Scene, messages, now_ns, read_until_cache, wait_metric};
 use crate::threads;
 use test_support::class_streams::{create_class_streams, create_replicated_class_streams};
 use test_support::proxy::Proxy;
+use test_support::reference;
 use test_support::servers::{MongoServer, NatsCluster};
+use test_support::wait::{eventually, when};
 
 const JETSTREAM: (&str, &str) = ("HISTORY_VIEW_SOURCE", "jetstream");
 
@@ -68,22 +69,23 @@ async fn warm_jetstream(scene: &Scene, nats_url: String, thread: &str) -> Binary
 /// Reads `thread` until it is served from memory with the stored answer `answer` after the first turn, and fails if
 /// memory ever serves it without: the view a gap made stale is never served.
 async fn served_from_memory_only_with(api: &Api, thread: &str, answer: &str) {
-    let expected = turns(&[("user", "Q"), ("assistant", answer)]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let read = api.history(thread, "").await;
-        let answered = messages(&read) == expected;
-        assert!(
-            answered || read.source() != Some("cache"),
-            "a stale view served from memory: {}",
-            read.body
-        );
-        if answered && read.source() == Some("cache") {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{}", read.body);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let expected = &turns(&[("user", "Q"), ("assistant", answer)]);
+    eventually(
+        &format!("{thread} served from memory with {answer:?}"),
+        || async move {
+            let read = api.history(thread, "").await;
+            let answered = messages(&read) == *expected;
+            assert!(
+                answered || read.source() != Some("cache"),
+                "a stale view served from memory: {}",
+                read.body
+            );
+            when(answered && read.source() == Some("cache"), || {
+                format!("from {:?}: {}", read.source(), read.body)
+            })
+        },
+    )
+    .await;
 }
 
 /// The end of a fault that is no gap: the consumers resumed (`continued`) and caught up, the view is served from
@@ -97,22 +99,28 @@ async fn resumed_without_a_gap(api: &Api, thread: &str, answer: &str, before: f6
         turns(&[("user", "Q"), ("assistant", answer)])
     );
     // The consumers are seen drained every second: soon after the resume (whose first request may take a while,
-    // and the instant is taken before it) answers cover up to a moment ago.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let reply = api.history(thread, "").await;
-        let covered = crate::shadow::covered_through(&reply);
-        let now = crate::shadow::now_ms();
-        assert!(covered <= now + 1_000, "{covered} is ahead of {now}");
-        if reply.source() == Some("cache") && covered + 3_000 > now {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "covered through {covered}, now {now}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // and the instant is taken before it) answers from memory cover up to a moment ago.
+    test_support::wait::eventually_within(
+        "answers from memory covering up to a moment ago",
+        Duration::from_secs(10),
+        || async move {
+            let reply = api.history(thread, "").await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+            let covered = crate::shadow::covered_through(&reply);
+            let now = crate::shadow::now_ms();
+            assert!(covered <= now + 1_000, "{covered} is ahead of {now}");
+            when(
+                reply.source() == Some("cache") && covered + 3_000 > now,
+                || {
+                    format!(
+                        "from {:?}, covered through {covered}, now {now}",
+                        reply.source()
+                    )
+                },
+            )
+        },
+    )
+    .await;
     assert_eq!(resumes(api, "gap").await, 0.0);
     assert_eq!(hydrations(api).await, before, "the view was kept");
 }
@@ -152,24 +160,32 @@ async fn a_cut_link_is_no_gap_the_views_stay_complete_and_get_what_was_published
     let publishing = crate::shadow::now_ms();
     scene.store.insert_rows(std::slice::from_ref(&answer)).await;
     publish_rows(&scene.publisher, &[answer]).await;
-    let stored = std::time::Instant::now();
-    // Reads while the worker is cut off: one from memory without the answer is allowed only within the
-    // persister-lag bound of its storing, and says it covers only up to a moment before it; past the bound, no
-    // read lacks it (they wait, then read the store).
-    loop {
-        let asked = std::time::Instant::now();
-        let read = app.api.history(thread, "").await;
-        if read.source() == Some("cache") && !read.body.contains("meanwhile") {
-            assert!(
-                asked < stored + LAG,
-                "from memory without a chunk stored past the bound"
-            );
-            assert!(crate::shadow::covered_through(&read) < publishing + 1);
-        } else if read.body.contains("meanwhile") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let stored = Instant::now();
+    // Reads while the worker is cut off: each is answered (the store is up); one from memory without the answer is
+    // allowed only within the persister-lag bound of its storing, and says it covers only up to a moment before
+    // it; past the bound, no read lacks it (they wait, then read the store).
+    let api = &app.api;
+    eventually(
+        "a read during the cut with the chunk stored meanwhile",
+        || async move {
+            let asked = Instant::now();
+            let read = api.history(thread, "").await;
+            assert_eq!(read.status, 200, "{}", read.body);
+            let answered = read.body.contains("meanwhile");
+            if read.source() == Some("cache") && !answered {
+                assert!(
+                    asked < stored + LAG,
+                    "from memory without a chunk stored past the bound: {}",
+                    read.body
+                );
+                assert!(crate::shadow::covered_through(&read) < publishing + 1);
+            }
+            when(answered, || {
+                format!("from {:?}: {}", read.source(), read.body)
+            })
+        },
+    )
+    .await;
     // The read during the cut read the store; from here on the view is kept, not hydrated again.
     let before = hydrations(&app.api).await;
     proxy.restore();
@@ -231,19 +247,17 @@ async fn a_stream_deleted_then_created_again_is_consumed_again() {
     app.api.wait_readiness(true).await;
     let answer = chunk_row(thread, "d1", "A", "e2", now_ns(1), "live only");
     publish_rows(&scene.publisher, &[answer]).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let read = app.api.history(thread, "").await;
-        if messages(&read) == turns(&[("user", "Q"), ("assistant", "live only")]) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never consumed again: {}",
-            read.body
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The view itself holds it: served from memory (the store never had it).
+    let expected = &turns(&[("user", "Q"), ("assistant", "live only")]);
+    let api = &app.api;
+    eventually("the stream consumed again into the view", || async move {
+        let read = api.history(thread, "").await;
+        when(
+            messages(&read) == *expected && read.source() == Some("cache"),
+            || format!("from {:?}: {}", read.source(), read.body),
+        )
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,7 +266,10 @@ async fn a_restarted_worker_replays_what_was_published_while_it_was_down() {
     let thread = "t-js-replay";
     let mut first = warm_jetstream(&scene, scene.nats.url(), thread).await;
     first.terminate();
-    first.wait_exit(Duration::from_secs(10)).await;
+    first
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("the first worker exits");
     // Published while no worker runs, and not persisted yet (the persister lags).
     let answer = chunk_row(thread, "d1", "A", "e2", now_ns(1), "while down");
     publish_rows(&scene.publisher, std::slice::from_ref(&answer)).await;
@@ -334,13 +351,15 @@ async fn random_threads_through_the_jetstream_source_equal_the_projector_and_a_c
     scene.store.insert_rows(&delivered).await;
     let mut visible = 0;
     for (id, thread) in &generated {
-        let projected = project(&decode_rows(&thread.rows), None);
+        // The expected answer: the naive reference over the thread's rows (not the worker's own projector).
+        let expected = reference::history(id, &thread.rows, None);
         let expected = serde_json::to_string(
-            &serde_json::json!({"thread_id": id, "messages": projected.history.messages}),
+            &serde_json::json!({"thread_id": id, "messages": expected.messages}),
         )
         .unwrap();
-        let live = app.api.history(id, "").await;
-        assert_eq!(live.body, expected, "{id}: JetStream view vs projector");
+        // The JetStream view's answer: from memory (a first read hydrates from the store, which has them too).
+        let live = read_until_cache(&app.api, id, "").await;
+        assert_eq!(live.body, expected, "{id}: JetStream view vs reference");
         visible += usize::from(!live.body.contains("\"messages\":[]"));
     }
     assert!(
@@ -390,26 +409,45 @@ async fn an_event_no_stream_captures_is_witnessed_on_core_and_never_missing_from
     scene.store.insert_rows(std::slice::from_ref(&answer)).await;
     let stored = Instant::now();
     publish_rows(&scene.publisher, &[answer]).await;
-    let expected = turns(&[("user", "Q"), ("assistant", "unstreamed")]);
-    let mut blind_stale_past_bound = false;
-    let mut served_complete = false;
-    while stored.elapsed() < BOUND * 3 || !served_complete {
-        let read = witnessed.api.history(thread, "").await;
-        let complete = messages(&read) == expected;
-        assert!(
-            complete || read.source() != Some("cache") || stored.elapsed() < BOUND,
-            "served from memory without an event stored {:?} ago: {}",
-            stored.elapsed(),
-            read.body
-        );
-        served_complete |= complete && read.source() == Some("cache");
-        let other = blind.api.history(thread, "").await;
-        blind_stale_past_bound |= other.source() == Some("cache")
-            && messages(&other) != expected
-            && stored.elapsed() > BOUND;
-        assert!(stored.elapsed() < Duration::from_secs(20), "{}", read.body);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let expected = &turns(&[("user", "Q"), ("assistant", "unstreamed")]);
+    // Both workers read side by side for three bounds at least, and until the witnessed one served the event from
+    // memory: every answer of the witnessed one is judged.
+    let (blind_stale, served_complete) = (&Cell::new(false), &Cell::new(false));
+    let (witnessed, blind) = (&witnessed, &blind);
+    eventually(
+        "three bounds watched, the event served from memory",
+        || async move {
+            let read = witnessed.api.history(thread, "").await;
+            let complete = messages(&read) == *expected;
+            assert!(
+                complete || read.source() != Some("cache") || stored.elapsed() < BOUND,
+                "served from memory without an event stored {:?} ago: {}",
+                stored.elapsed(),
+                read.body
+            );
+            served_complete
+                .set(served_complete.get() || complete && read.source() == Some("cache"));
+            let other = blind.api.history(thread, "").await;
+            if other.source() == Some("cache")
+                && messages(&other) != *expected
+                && stored.elapsed() > BOUND
+            {
+                blind_stale.set(true);
+            }
+            when(
+                stored.elapsed() >= BOUND * 3 && served_complete.get(),
+                || {
+                    format!(
+                        "{:?} since stored; the witnessed worker answered {}",
+                        stored.elapsed(),
+                        read.body
+                    )
+                },
+            )
+        },
+    )
+    .await;
+    let blind_stale_past_bound = blind_stale.get();
     assert!(
         blind_stale_past_bound,
         "without the witness the view stays stale: the case is real"
@@ -483,7 +521,10 @@ async fn a_thread_deleted_within_the_replay_window_stays_deleted() {
         0.0
     );
     first.terminate();
-    first.wait_exit(Duration::from_secs(20)).await;
+    first
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("the first worker exits");
 
     // A new worker replays both threads from the streams; its reads show what the store shows.
     let second = scene.worker(scene.nats.url(), &settings).await;

@@ -74,6 +74,8 @@ async fn a_large_replay_is_consumed_without_a_resume_or_a_pause_again_and_again(
                 now - progress.1 < PAUSE,
                 "replay {replay}: consumption paused at {events} of {EVENTS} events"
             );
+            // The watch's sampling interval: what is asserted is that progress never pauses for PAUSE, so consumption
+            // is sampled throughout rather than waited for.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         eprintln!(

@@ -1,11 +1,10 @@
 //! The live path over a real nats-server: read-after-publish from a complete view, convergence of the live view,
-//! the store path and the pure projector over random threads, gap safety across a NATS restart, shared hydration,
-//! warnings once per view, and the cache's byte budget.
+//! the store path and the naive reference (`test_support::reference`) over random threads, gap safety across a
+//! NATS restart, shared hydration, warnings once per view, and the cache's byte budget.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chat_history_view::project::{Identity, project};
 use futures_util::StreamExt;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
@@ -14,27 +13,34 @@ use serde_json::{Value, json};
 use crate::helpers::{
     Api, chunk_row, metric, metric_sum, publish_rows, spawn_app, spawn_app_with, turns, user_row,
 };
-use crate::projector::decode_rows;
 use crate::threads::{self, PRIMARY};
+use test_support::reference;
+use test_support::wait::eventually;
 
-/// Reads until `check` accepts the body or the deadline passes; returns the last reply's body and source.
+/// Reads until `check` accepts the body, and returns that body and its source; fails at the limit naming the last
+/// body read.
 async fn read_until(
     api: &Api,
     thread: &str,
     query: &str,
     check: impl Fn(&Value) -> bool,
 ) -> (Value, String) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let reply = api.history(thread, query).await;
-        assert_eq!(reply.status, 200, "{}", reply.body);
-        let body = reply.json();
-        let source = reply.source().unwrap_or_default().to_owned();
-        if check(&body) || Instant::now() > deadline {
-            return (body, source);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let check = &check;
+    eventually(
+        &format!("{thread}?{query}: an answer the test accepts"),
+        || async move {
+            let reply = api.history(thread, query).await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+            let body = reply.json();
+            let source = reply.source().unwrap_or_default().to_owned();
+            if check(&body) {
+                Ok((body, source))
+            } else {
+                Err(format!("from {source:?}: {body}"))
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test]
@@ -54,15 +60,15 @@ async fn an_event_published_live_appears_in_the_next_read_of_a_complete_view() {
         &[chunk_row(thread, "d1", "A", "e2", 2, "streamed")],
     )
     .await;
-    let (body, source) = read_until(&app.api, thread, "", |b| {
-        b["messages"].as_array().is_some_and(|m| m.len() == 2)
-    })
-    .await;
+    // Counted once applied to its view: the very next read has it, from memory.
+    app.api.wait_for_events(1).await;
+    let next = app.api.history(thread, "").await;
+    assert_eq!(next.status, 200, "{}", next.body);
     assert_eq!(
-        body["messages"],
+        next.json()["messages"],
         turns(&[("user", "Q"), ("assistant", "streamed")])
     );
-    assert_eq!(source, "cache");
+    assert_eq!(next.source(), Some("cache"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +110,12 @@ async fn live_view_store_path_and_projector_converge_on_random_threads() {
     let live: Vec<String> = futures_util::stream::iter(&generated)
         .then(|(id, _, with_primary)| {
             let api = warm.api.clone();
-            async move { api.history(id, &query(*with_primary)).await.body }
+            async move {
+                // The live view's answer: from memory, the views having been complete before the events came.
+                let reply = api.history(id, &query(*with_primary)).await;
+                assert_eq!(reply.source(), Some("cache"), "{id}: {}", reply.body);
+                reply.body
+            }
         })
         .collect()
         .await;
@@ -117,17 +128,14 @@ async fn live_view_store_path_and_projector_converge_on_random_threads() {
     for (i, (id, thread, with_primary)) in generated.iter().enumerate() {
         let stored = cold.api.history(id, &query(*with_primary)).await;
         assert_eq!(stored.source(), Some("store"));
-        let primary = with_primary.then(|| Identity {
-            agent_class: PRIMARY.0.into(),
-            agent_id: PRIMARY.1.into(),
-        });
-        let projected = project(&decode_rows(&thread.rows), primary.as_ref());
+        // The expected answer: the naive reference over the thread's rows (not the worker's own projector).
+        let expected = reference::history(id, &thread.rows, with_primary.then_some(PRIMARY));
         let expected = serde_json::to_string(
-            &serde_json::json!({"thread_id": id, "messages": projected.history.messages}),
+            &serde_json::json!({"thread_id": id, "messages": expected.messages}),
         )
         .unwrap();
-        assert_eq!(stored.body, expected, "{id}: store path vs projector");
-        assert_eq!(live[i], expected, "{id}: live view vs projector");
+        assert_eq!(stored.body, expected, "{id}: store path vs reference");
+        assert_eq!(live[i], expected, "{id}: live view vs reference");
     }
     let visible = live
         .iter()
@@ -163,6 +171,7 @@ async fn a_nats_restart_downgrades_views_and_events_written_during_the_outage_ap
                     serde_json::to_vec(&row["event_data"]).unwrap().into(),
                 )
                 .await;
+            // A load generator's pacing (events keep flowing through the outage), not a wait for anything.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
@@ -241,7 +250,9 @@ async fn concurrent_readers_of_a_cold_thread_share_one_hydration() {
             })
             .collect();
         barrier.wait().await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Every reader has missed the cache (counted just before it runs or joins the hydration, with no wait in
+        // between) before the store is let go.
+        crate::scene::wait_metric(&app.api, "history_view_cache_misses_total", 16.0).await;
         app.mongo.resume();
         for reader in readers {
             let reply = reader.await.unwrap();

@@ -10,31 +10,29 @@ use serde_json::Value;
 use crate::helpers::{Api, chunk_row, publish_rows, turns};
 use crate::scene::{Scene, messages, now_ns};
 use test_support::proxy::Proxy;
+use test_support::wait::eventually_within;
 
 /// How soon a dead link must be noticed (about three ping intervals, with room for a loaded machine).
 const NOTICED_WITHIN: Duration = Duration::from_secs(15);
 
-/// Waits until `/readyz` answers 503 with NATS named as the failing check; panics after [`NOTICED_WITHIN`] from
-/// `since`.
+/// Waits until `/readyz` answers 503 with NATS named as the failing check; panics after [`NOTICED_WITHIN`]
+/// (scaled) from `since`.
 async fn wait_noticed(api: &Api, since: Instant) -> Duration {
-    loop {
+    let limit = NOTICED_WITHIN.saturating_sub(since.elapsed());
+    eventually_within("the dead link noticed", limit, || async move {
         let reply = api.get("/readyz", &[]).await;
-        if reply.status == 503 {
-            assert_eq!(
-                reply.json()["checks"]["nats"]["ok"],
-                false,
-                "{}",
-                reply.body
-            );
-            return since.elapsed();
+        if reply.status != 503 {
+            return Err(reply.body);
         }
-        assert!(
-            since.elapsed() < NOTICED_WITHIN,
-            "the dead link was not noticed within {NOTICED_WITHIN:?}: {}",
+        assert_eq!(
+            reply.json()["checks"]["nats"]["ok"],
+            false,
+            "{}",
             reply.body
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Ok(since.elapsed())
+    })
+    .await
 }
 
 /// The rest of both scenarios, once the link died at `dead_since`: an answer the worker never heard reaches the

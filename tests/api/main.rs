@@ -4,6 +4,8 @@
 mod cases;
 // Conformance cases through the pure projector.
 mod projector;
+// The naive reference builder: every conformance case, and agreement with the projector on random rows.
+mod reference;
 // Property tests of the pure core (order, duplicates, decoder agreement, no panics).
 mod properties;
 // Random thread generator shared by property and convergence tests.
@@ -22,6 +24,8 @@ mod http;
 mod hardening;
 // The live path: read-after-publish, convergence, gaps, shared hydration, warnings, memory.
 mod live;
+// The promise's oracle held to account: the judge on constructed answers and on a real worker's stale answer.
+mod promise;
 // Scenarios through the built binary: servers, store, publisher, workers, shared waits.
 mod scene;
 // The persister-lag rule end to end: late persistence after start, gaps, evictions and store outages.

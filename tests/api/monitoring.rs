@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -15,6 +15,7 @@ use crate::scene::{Scene, read_until_cache};
 use test_support::class_streams::create_class_streams;
 use test_support::servers::{PrometheusServer, promtool};
 use test_support::turns::Conversation;
+use test_support::wait::{eventually_within, when};
 
 const CHART_FILES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/helm/chat-history-view/files");
 
@@ -95,22 +96,18 @@ async fn scraped(
     targets: usize,
     scrapes: u32,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let expr = format!("count_over_time(up[1m]) >= {scrapes} and up == 1");
-    loop {
-        if query(http, &prometheus.url(), &expr)
-            .await
-            .is_ok_and(|r| r.len() == targets)
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus did not scrape {targets} workers {scrapes} times:\n{}",
-            prometheus.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let expr = &format!("count_over_time(up[1m]) >= {scrapes} and up == 1");
+    eventually_within(
+        &format!("Prometheus to scrape {targets} workers {scrapes} times"),
+        Duration::from_secs(60),
+        || async move {
+            match query(http, &prometheus.url(), expr).await {
+                Ok(result) if result.len() == targets => Ok(()),
+                seen => Err(format!("{seen:?}; its log:\n{}", prometheus.log_tail())),
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,38 +239,41 @@ async fn a_real_prometheus_scrapes_the_workers_and_every_panel_and_alert_evaluat
             failures.push(format!("alert {alert}: {error}: {expr}"));
         }
     }
-    // Prometheus loaded the chart's rule file and evaluated every rule without an error.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let rules: Value = http
-            .get(format!("{}/api/v1/rules", prometheus.url()))
-            .send()
-            .await
-            .expect("rules")
-            .json()
-            .await
-            .expect("rules JSON");
-        let loaded: Vec<&Value> = rules["data"]["groups"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|group| group["rules"].as_array().into_iter().flatten())
-            .collect();
-        let healthy = loaded.iter().filter(|rule| rule["health"] == "ok").count();
-        if loaded.len() == alerts.len() && healthy == loaded.len() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            failures.push(format!(
-                "rules loaded {} of {}, healthy {healthy}: {rules}",
-                loaded.len(),
-                alerts.len()
-            ));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Prometheus loaded the chart's rule file and evaluated every rule without an error.
+    let (http, prometheus, alerts) = (&http, &prometheus, &alerts);
+    eventually_within(
+        "every rule loaded and healthy",
+        Duration::from_secs(10),
+        || async move {
+            let rules: Value = http
+                .get(format!("{}/api/v1/rules", prometheus.url()))
+                .send()
+                .await
+                .expect("rules")
+                .json()
+                .await
+                .expect("rules JSON");
+            let loaded: Vec<&Value> = rules["data"]["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|group| group["rules"].as_array().into_iter().flatten())
+                .collect();
+            let healthy = loaded.iter().filter(|rule| rule["health"] == "ok").count();
+            when(
+                loaded.len() == alerts.len() && healthy == loaded.len(),
+                || {
+                    format!(
+                        "rules loaded {} of {}, healthy {healthy}: {rules}",
+                        loaded.len(),
+                        alerts.len()
+                    )
+                },
+            )
+        },
+    )
+    .await;
 
     // promtool accepts the exposition.
     let exposition = core.api.metrics().await;

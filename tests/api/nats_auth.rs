@@ -16,6 +16,7 @@ use rcgen::{
 };
 use test_support::process::temp_dir;
 use test_support::servers::{MongoServer, NatsServer, python};
+use test_support::wait::{eventually_within, when};
 
 use crate::helpers::{BinaryApp, TestStore, metric, publish_rows, unique, user_row};
 use crate::scene::{now_ns, read_until_cache};
@@ -440,16 +441,18 @@ async fn a_creds_file_against_nats_in_operator_mode() {
 /// however many attempts (the count allowed grows with the time the test took, so a slow machine cannot fail it).
 async fn failures_after_retries(app: &BinaryApp, event: &str, retries: u64) -> Vec<String> {
     let started = Instant::now();
-    let series = format!(r#"history_view_nats_connection_events_total{{event="{event}"}}"#);
-    let deadline = started + Duration::from_secs(60);
-    while metric(&app.api.metrics().await, &series) < retries as f64 {
-        assert!(
-            Instant::now() < deadline,
-            "fewer than {retries} {event} events:\n{}",
-            app.log_lines("").join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let series = &format!(r#"history_view_nats_connection_events_total{{event="{event}"}}"#);
+    eventually_within(
+        &format!("{retries} {event} events"),
+        Duration::from_secs(60),
+        || async move {
+            let seen = metric(&app.api.metrics().await, series);
+            when(seen >= retries as f64, || {
+                format!("{seen}; the log:\n{}", app.log_lines("").join("\n"))
+            })
+        },
+    )
+    .await;
     assert_eq!(app.api.get("/readyz", &[]).await.status, 503);
     let lines = app.log_lines("cannot connect to NATS");
     let kinds: std::collections::BTreeSet<&str> = lines

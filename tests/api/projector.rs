@@ -19,7 +19,8 @@ pub fn decode_rows(rows: &[Value]) -> Vec<ViewEvent> {
         .collect()
 }
 
-fn warnings(projection: &Projection) -> Vec<ExpectedWarning> {
+/// The worker's warnings as the cases state them.
+pub fn warnings(projection: &Projection) -> Vec<ExpectedWarning> {
     projection
         .warnings
         .iter()

@@ -10,28 +10,27 @@
 //! class stream created while workers run (class streams and partitioned); a worker behind its class stream under a
 //! burst of other threads' events; a class stream full with `discard: new` that refuses a chunk (issue 47).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
 use chat_history_view::partition::owner;
-use chat_history_view::project::project;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::task::JoinSet;
 
 use crate::helpers::{
-    Api, BinaryApp, TestStore, chunk_row, encode, metric, publish_rows, unique, user_row,
-    worker_binary,
+    Api, BinaryApp, TestStore, chunk_row, metric, publish_rows, unique, user_row, worker_binary,
 };
-use crate::projector::decode_rows;
+use crate::promise::target;
 use crate::scene::{Scene, now_ns, read_until_cache, wait_metric};
 use test_support::class_streams::{create_class_streams, create_replicated_class_streams};
 use test_support::process::port_prefix;
+use test_support::promise::{self, Kind, Ledger, Reader, Source, Target, read_history, token};
 use test_support::rows::publish_stored;
 use test_support::scrape::metric_sum;
 use test_support::servers::{MongoServer, NatsCluster, NatsServer};
+use test_support::wait::{eventually, eventually_within, scaled, when};
 
 /// The persister-lag bound every worker here runs with (the default, set explicitly: the promise is stated in it).
 const LAG: Duration = Duration::from_millis(2_000);
@@ -39,112 +38,8 @@ const LAG_SETTING: (&str, &str) = ("HISTORY_VIEW_PERSIST_LAG_MS", "2000");
 /// The bound of the burst scenarios (see there).
 const BURST_LAG: Duration = Duration::from_millis(5_000);
 const JETSTREAM: (&str, &str) = ("HISTORY_VIEW_SOURCE", "jetstream");
-/// The workers' store timeout (the default): the oldest a shared store read in flight can be.
-const STORE_TIMEOUT: Duration = Duration::from_millis(2_000);
-/// How often a reader starts a read. While more than [`FEW_IN_FLIGHT`] of its reads wait (on a frozen worker), it
-/// starts one every [`READ_EVERY_WAITING`] only, up to [`MAX_IN_FLIGHT`]: reads started all through a freeze wait
-/// for the worker's first answers when it wakes up.
-const READ_EVERY: Duration = Duration::from_millis(50);
-const FEW_IN_FLIGHT: usize = 4;
-const READ_EVERY_WAITING: Duration = Duration::from_millis(250);
-const MAX_IN_FLIGHT: usize = 120;
-
 // ---------------------------------------------------------------------------------------------------------------
-// What was stored, and when: the promise's ledger.
-
-/// One stored row, its token (the bracketed text it shows in an answer) and when its insert returned.
-struct Stored {
-    row: Value,
-    token: String,
-    at: Instant,
-}
-
-/// Every row a scenario stored, per thread, with the instant its insert returned (the latest it can have been
-/// stored: the promise is checked against that, never against an earlier instant).
-#[derive(Clone)]
-struct Ledger {
-    threads: Arc<Mutex<HashMap<String, Vec<Stored>>>>,
-    /// The persister-lag bound of the workers read (the promise is stated in it).
-    lag: Duration,
-}
-
-impl Default for Ledger {
-    fn default() -> Self {
-        Self::with_lag(LAG)
-    }
-}
-
-impl Ledger {
-    fn with_lag(lag: Duration) -> Self {
-        Self {
-            threads: Arc::default(),
-            lag,
-        }
-    }
-
-    /// The worker setting of the bound.
-    fn lag_setting(&self) -> String {
-        self.lag.as_millis().to_string()
-    }
-    /// Inserts `rows` (in order) and records them.
-    async fn store(&self, store: &TestStore, rows: &[Value]) {
-        store.insert_rows(rows).await;
-        let at = Instant::now();
-        let mut threads = self.threads.lock().unwrap();
-        for row in rows {
-            let thread = row["thread_id"].as_str().expect("a thread").to_owned();
-            threads.entry(thread).or_default().push(Stored {
-                token: token(row),
-                row: row.clone(),
-                at,
-            });
-        }
-    }
-
-    fn rows(&self, thread: &str) -> Vec<Value> {
-        self.threads
-            .lock()
-            .unwrap()
-            .get(thread)
-            .map(|stored| stored.iter().map(|s| s.row.clone()).collect())
-            .unwrap_or_default()
-    }
-
-    /// The tokens of `thread`'s rows stored more than `bound` before `started` that `body` lacks, each with how
-    /// long before the read it was stored.
-    fn missing(&self, thread: &str, body: &str, started: Instant, bound: Duration) -> Vec<String> {
-        self.threads
-            .lock()
-            .unwrap()
-            .get(thread)
-            .map(|stored| {
-                stored
-                    .iter()
-                    .filter(|s| s.at + bound < started && !body.contains(&s.token))
-                    .map(|s| format!("{} (stored {:?} before the read)", s.token, started - s.at))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// The answer a thread must read as: the projector over its stored rows.
-    fn reference(&self, thread: &str) -> String {
-        let projected = project(&decode_rows(&self.rows(thread)), None);
-        serde_json::to_string(&json!({"thread_id": thread, "messages": projected.history.messages}))
-            .expect("serializes")
-    }
-}
-
-/// The bracketed start of a row's text (`[c12]`), which shows in any answer holding the row.
-fn token(row: &Value) -> String {
-    let data = &row["event_data"];
-    let text = data["content"]
-        .as_str()
-        .or_else(|| data["messages"][0]["blocks"][0]["text"].as_str())
-        .expect("a chunk or a user message");
-    let end = text.find(']').expect("a bracketed token");
-    text[..=end].to_owned()
-}
+// The scenarios' rows: each text starts with its token (`[c12]`), which the judge looks for.
 
 /// A `created_at` (ns) that is now and later than every one handed out before, so rows sort as made.
 fn stamp() -> i64 {
@@ -176,229 +71,7 @@ fn chunk(thread: &str, class: &str, n: usize, pad: usize) -> Value {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The promise, checked on every answer.
-
-/// What one read saw.
-#[derive(Default, Debug)]
-struct Report {
-    reads: usize,
-    cache: usize,
-    store: usize,
-    /// 503 `store_unavailable`: no answer, so no breach of the promise (an overloaded store), but counted.
-    unavailable: usize,
-    slowest: Duration,
-    violations: Vec<String>,
-}
-
-impl Report {
-    fn add(&mut self, other: Report) {
-        self.reads += other.reads;
-        self.cache += other.cache;
-        self.store += other.store;
-        self.unavailable += other.unavailable;
-        self.slowest = self.slowest.max(other.slowest);
-        self.violations.extend(other.violations);
-    }
-
-    fn assert_kept(&self, what: &str) {
-        eprintln!(
-            "{what}: {} reads ({} from memory, {} from the store, {} store unavailable), slowest {:?}",
-            self.reads, self.cache, self.store, self.unavailable, self.slowest
-        );
-        assert!(
-            self.violations.is_empty(),
-            "{what}: {} of {} answers broke the promise:\n{}",
-            self.violations.len(),
-            self.reads,
-            self.violations
-                .iter()
-                .take(10)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    }
-}
-
-/// One answer held to the promise: a 200; from memory, nothing stored more than the bound before the read
-/// started is missing; from the store, nothing stored more than the store timeout before it started is.
-fn judge(
-    ledger: &Ledger,
-    thread: &str,
-    started: Instant,
-    status: u16,
-    source: Option<&str>,
-    body: &str,
-) -> Report {
-    let mut report = Report {
-        reads: 1,
-        slowest: started.elapsed(),
-        ..Report::default()
-    };
-    if status == 503 && body.contains("store_unavailable") && source.is_none() {
-        report.unavailable += 1;
-        return report;
-    }
-    if status != 200 {
-        report
-            .violations
-            .push(format!("{thread}: {status} ({source:?}) {body}"));
-        return report;
-    }
-    let missing = match source {
-        Some("cache") => {
-            report.cache += 1;
-            ledger.missing(thread, body, started, ledger.lag)
-        }
-        Some("store") => {
-            report.store += 1;
-            // A read joins the thread's store read in flight, which started at most the store timeout before it
-            // (seen in CI: a read 25 ms after a row was stored shared a hydration begun before it).
-            ledger.missing(thread, body, started, STORE_TIMEOUT)
-        }
-        other => {
-            report
-                .violations
-                .push(format!("{thread}: no known source {other:?}: {body}"));
-            return report;
-        }
-    };
-    if !missing.is_empty() {
-        report.violations.push(format!(
-            "{thread}: an answer from {} ({:?} after the read started) lacks {}: {body}",
-            source.unwrap_or_default(),
-            started.elapsed(),
-            missing.join(", ")
-        ));
-    }
-    report
-}
-
-/// Reads `thread` through `api` and judges the answer; also returns the body and source.
-async fn read_judged(api: &Api, thread: &str, ledger: &Ledger) -> (Report, String, Option<String>) {
-    let started = Instant::now();
-    let url = format!("{}/v1/threads/{}/history", api.address, encode(thread));
-    match api
-        .http
-        .get(url)
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await
-    {
-        Ok(response) => {
-            let status = response.status().as_u16();
-            let source = response
-                .headers()
-                .get(chat_history_view::http::SOURCE_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            let body = response.text().await.unwrap_or_default();
-            let report = judge(ledger, thread, started, status, source.as_deref(), &body);
-            (report, body, source)
-        }
-        Err(error) => {
-            let report = Report {
-                reads: 1,
-                violations: vec![format!("{thread}: the read failed: {error}")],
-                ..Report::default()
-            };
-            (report, String::new(), None)
-        }
-    }
-}
-
-/// Keeps reading a thread (every [`READ_EVERY`], through its APIs in turn, at most [`MAX_IN_FLIGHT`] reads
-/// waiting) and judges every answer, until [`Reader::finish`].
-struct Reader {
-    thread: String,
-    running: Arc<AtomicBool>,
-    latest: Arc<Mutex<Option<Instant>>>,
-    task: tokio::task::JoinHandle<Report>,
-}
-
-impl Reader {
-    fn start(apis: Vec<Api>, thread: &str, ledger: &Ledger) -> Self {
-        let running = Arc::new(AtomicBool::new(true));
-        let latest = Arc::new(Mutex::new(None));
-        let task = {
-            let (running, latest, thread, ledger) = (
-                running.clone(),
-                latest.clone(),
-                thread.to_owned(),
-                ledger.clone(),
-            );
-            tokio::spawn(async move {
-                let mut reads = JoinSet::new();
-                let mut report = Report::default();
-                let mut tick = tokio::time::interval(READ_EVERY);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut turn = 0usize;
-                let mut last = Instant::now();
-                while running.load(Ordering::SeqCst) {
-                    tick.tick().await;
-                    while let Some(done) = reads.try_join_next() {
-                        report.add(done.expect("a read"));
-                    }
-                    let due = reads.len() < FEW_IN_FLIGHT
-                        || (reads.len() < MAX_IN_FLIGHT && last.elapsed() >= READ_EVERY_WAITING);
-                    if due {
-                        let api = apis[turn % apis.len()].clone();
-                        turn += 1;
-                        last = Instant::now();
-                        *latest.lock().unwrap() = Some(last);
-                        let (thread, ledger) = (thread.clone(), ledger.clone());
-                        reads.spawn(async move { read_judged(&api, &thread, &ledger).await.0 });
-                    }
-                }
-                while let Some(done) = reads.join_next().await {
-                    report.add(done.expect("a read"));
-                }
-                report
-            })
-        };
-        Self {
-            thread: thread.to_owned(),
-            running,
-            latest,
-            task,
-        }
-    }
-
-    /// Waits until a read started after `instant` (a frozen worker's reads wait, so they are what it answers on
-    /// waking up).
-    async fn wait_started_after(&self, instant: Instant) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self
-            .latest
-            .lock()
-            .unwrap()
-            .is_none_or(|latest| latest <= instant)
-        {
-            assert!(
-                Instant::now() < deadline,
-                "{}: the reader stopped reading",
-                self.thread
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Stops reading, waits for the reads still waiting, and asserts that every answer kept the promise.
-    /// Reads on for a second after the fault has settled (still complete), then [`Reader::finish`].
-    async fn read_on_then_finish(self) -> Report {
-        self.wait_started_after(Instant::now() + Duration::from_secs(1))
-            .await;
-        self.finish().await
-    }
-
-    async fn finish(self) -> Report {
-        self.running.store(false, Ordering::SeqCst);
-        let report = self.task.await.expect("the reader");
-        report.assert_kept(&format!("reader of {}", self.thread));
-        assert!(report.reads > 0, "{}: no read", self.thread);
-        report
-    }
-}
+// What a failure prints, and the scenarios' common ends.
 
 /// The lines of `/metrics` that say what the source and the views went through (printed with a failure).
 async fn diagnostics(api: &Api) -> String {
@@ -426,45 +99,19 @@ async fn diagnostics(api: &Api) -> String {
 }
 
 /// Reads `thread` through `api` until it is served from memory equal to the reference, judging every answer on
-/// the way; returns the body.
+/// the way (`test_support::promise::settle`, with what the worker went through on failure); returns the body.
 async fn settle(api: &Api, thread: &str, ledger: &Ledger, limit: Duration) -> String {
-    let reference = ledger.reference(thread);
-    let begun = Instant::now();
-    let deadline = begun + limit;
-    let mut report = Report::default();
-    loop {
-        let (judged, body, source) = read_judged(api, thread, ledger).await;
-        report.add(judged);
-        assert!(
-            report.violations.is_empty(),
-            "settling {thread}: {}",
-            report.violations.join("\n")
-        );
-        if source.as_deref() == Some("cache") && body == reference {
-            if std::env::var_os("RETENTION_TRACE").is_some() {
-                eprintln!(
-                    "settled {thread} in {:?} after {} reads ({} from the store)",
-                    begun.elapsed(),
-                    report.reads,
-                    report.store
-                );
-            }
-            if report.unavailable > 0 {
-                eprintln!(
-                    "settling {thread}: {} answers were 503 store_unavailable",
-                    report.unavailable
-                );
-            }
-            return body;
-        }
-        if Instant::now() > deadline {
-            panic!(
-                "{thread} never served from memory equal to the reference within {limit:?}:\n got ({source:?}) {body}\nwant {reference}\n{}",
-                diagnostics(api).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    if let Err(failure) =
+        promise::settle(&target(api), thread, &Kind::History(None), ledger, limit).await
+    {
+        panic!("{failure}\n{}", diagnostics(api).await);
     }
+    ledger.reference_body(thread, None)
+}
+
+/// Readers' targets for `apis`.
+fn targets(apis: Vec<Api>) -> Vec<Target> {
+    apis.iter().map(target).collect()
 }
 
 /// A fresh Core worker's cold reads (from the store) of `threads` equal the reference.
@@ -490,7 +137,7 @@ async fn cold_reads_equal(
         assert_eq!(reply.source(), Some("store"), "{thread}: a cold read");
         assert_eq!(
             reply.body,
-            ledger.reference(thread),
+            ledger.reference_body(thread, None),
             "{thread}: a cold read"
         );
     }
@@ -565,15 +212,16 @@ async fn wait_stream(
     what: &str,
     done: impl Fn(&stream::State) -> bool,
 ) -> stream::State {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let done = &done;
+    eventually(&format!("{name}: {what}"), || async move {
         let state = stream_state(context, name).await;
         if done(&state) {
-            return state;
+            Ok(state)
+        } else {
+            Err(format!("{state:?}"))
         }
-        assert!(Instant::now() < deadline, "{name}: {what}: {state:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 fn gaps(metrics: &str) -> String {
@@ -600,7 +248,8 @@ async fn store_and_publish(
     context: &jetstream::Context,
     rows: &[Value],
 ) {
-    ledger.store(store, rows).await;
+    ledger.store(&store.events(), rows).await;
+    ledger.published(rows);
     publish_stored(context, rows).await;
 }
 
@@ -633,9 +282,9 @@ where
     })
     .await;
     let app = class_worker(&scene).await;
-    let ledger = Ledger::default();
+    let ledger = Ledger::new(LAG);
     opened(&scene, &ledger, &app.api, thread).await;
-    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let reader = Reader::start(vec![target(&app.api)], thread, Kind::History(None), &ledger);
     let context = jetstream::new(scene.publisher.clone());
 
     let frozen = Instant::now();
@@ -735,8 +384,9 @@ async fn burst(
     let mut slowest = Duration::ZERO;
     for burst in rows.chunks(110) {
         let published = Instant::now();
+        ledger.published(burst);
         publish_rows(publisher, burst).await;
-        ledger.store(store, burst).await;
+        ledger.store(&store.events(), burst).await;
         slowest = slowest.max(published.elapsed());
     }
     eprintln!(
@@ -759,7 +409,7 @@ async fn a_burst_past_a_class_streams_max_msgs_leaves_no_answer_from_memory_with
     create_limited_class_stream(&scene.nats.url(), "A", |config| config.max_messages = 100).await;
     // A bound of 5 s: the Mongo-wire server of the tests takes up to 2 s to store a burst while the workers
     // hydrate, and aihub's persister stores within the bound.
-    let ledger = Ledger::with_lag(BURST_LAG);
+    let ledger = Ledger::new(BURST_LAG);
     let app = scene
         .worker(
             scene.nats.url(),
@@ -769,7 +419,7 @@ async fn a_burst_past_a_class_streams_max_msgs_leaves_no_answer_from_memory_with
     let threads: Vec<String> = (0..50).map(|i| format!("t-ret-msgs-{i}")).collect();
     let readers: Vec<Reader> = threads[..3]
         .iter()
-        .map(|t| Reader::start(vec![app.api.clone()], t, &ledger))
+        .map(|t| Reader::start(vec![target(&app.api)], t, Kind::History(None), &ledger))
         .collect();
     let slowest = burst(
         &scene.store,
@@ -874,11 +524,11 @@ async fn the_partitioned_stream_past_its_max_bytes_in_a_burst_leaves_no_answer_f
     )
     .await;
     // The bound of the burst scenarios: see the class stream's.
-    let ledger = Ledger::with_lag(BURST_LAG);
+    let ledger = Ledger::new(BURST_LAG);
     let threads: Vec<String> = (0..50).map(|i| format!("t-ret-bytes-{i}")).collect();
     let readers: Vec<Reader> = threads[..3]
         .iter()
-        .map(|t| Reader::start(deployment.apis(t), t, &ledger))
+        .map(|t| Reader::start(targets(deployment.apis(t)), t, Kind::History(None), &ledger))
         .collect();
     let scene = &deployment.scene;
     // 1,250 chunks of some 600 bytes each: about one and a half times the partitioned stream's 512 KiB.
@@ -927,11 +577,16 @@ async fn the_partitioned_stream_purged_while_the_owner_was_frozen_is_never_missi
     );
     let deployment = Partitioned::start(&["UserAgent", "A"], &[]).await;
     let scene = &deployment.scene;
-    let ledger = Ledger::default();
+    let ledger = Ledger::new(LAG);
     let thread = owned_by("t-ret-ppurge", 0);
     let owner_app = deployment.owner(&thread);
     opened(scene, &ledger, &owner_app.api, &thread).await;
-    let reader = Reader::start(deployment.apis(&thread), &thread, &ledger);
+    let reader = Reader::start(
+        targets(deployment.apis(&thread)),
+        &thread,
+        Kind::History(None),
+        &ledger,
+    );
     let context = jetstream::new(scene.publisher.clone());
     let before = stream_state(&context, "CHAT_HISTORY_VIEW").await;
 
@@ -1066,12 +721,15 @@ async fn leader_killed_mid_answer(partitioned: bool) {
     let thread = thread.as_str();
     app.wait_ready().await;
     let publisher = async_nats::connect(&nats_url).await.expect("publisher");
-    let ledger = Ledger::default();
+    let ledger = Ledger::new(LAG);
     let opening = question(thread);
-    ledger.store(&store, std::slice::from_ref(&opening)).await;
+    ledger
+        .store(&store.events(), std::slice::from_ref(&opening))
+        .await;
+    ledger.published(std::slice::from_ref(&opening));
     publish_rows(&publisher, &[opening]).await;
     read_until_cache(&app.api, thread, "").await;
-    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let reader = Reader::start(vec![target(&app.api)], thread, Kind::History(None), &ledger);
 
     // A chunk every 100 ms for 8 s, published as aihub does (Core NATS: one made during the election may reach no
     // replica) and stored; the leader is killed 2 s in.
@@ -1082,8 +740,9 @@ async fn leader_killed_mid_answer(partitioned: bool) {
             eprintln!("killed {leader} at {:?}", began.elapsed());
         }
         let row = chunk(thread, "A", n, 0);
+        ledger.published(std::slice::from_ref(&row));
         publish_rows(&publisher, std::slice::from_ref(&row)).await;
-        ledger.store(&store, &[row]).await;
+        ledger.store(&store.events(), &[row]).await;
         next += Duration::from_millis(100);
         tokio::time::sleep_until(next.into()).await;
     }
@@ -1132,31 +791,29 @@ async fn leader_killed_mid_answer(partitioned: bool) {
 /// it, and returns how long that took; at most 150 s (nats-server's longest retry of a source is 2 minutes).
 async fn source_caught_up(nats_url: &str, stream: &str, source: &str) -> Duration {
     let begun = Instant::now();
-    let deadline = begun + Duration::from_secs(150);
-    let context = jetstream::new(async_nats::connect(nats_url).await.expect("admin"));
-    let mut last = String::new();
-    loop {
-        if let Ok(mut handle) = context.get_stream(stream).await
-            && let Ok(info) = handle.info().await
-        {
+    let context = &jetstream::new(async_nats::connect(nats_url).await.expect("admin"));
+    eventually_within(
+        &format!("{stream}'s source {source} caught up"),
+        scaled(Duration::from_secs(150)),
+        || async move {
+            let mut handle = context
+                .get_stream(stream)
+                .await
+                .map_err(|e| e.to_string())?;
+            let info = handle.info().await.map_err(|e| e.to_string())?;
             let found = info.sources.iter().find(|s| s.name == source);
-            last = format!("{found:?}");
-            if found
-                .is_some_and(|s| s.lag == 0 && s.active.is_some_and(|a| a < Duration::from_secs(2)))
-            {
-                eprintln!(
-                    "{stream}'s source {source} caught up after {:?}",
-                    begun.elapsed()
-                );
-                return begun.elapsed();
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{stream}'s source {source} did not catch up within 150 s: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            let caught_up = found.is_some_and(|s| {
+                s.lag == 0 && s.active.is_some_and(|a| a < Duration::from_secs(2))
+            });
+            when(caught_up, || format!("{found:?}"))
+        },
+    )
+    .await;
+    eprintln!(
+        "{stream}'s source {source} caught up after {:?}",
+        begun.elapsed()
+    );
+    begun.elapsed()
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1178,32 +835,33 @@ async fn unready_worker(scene: &Scene, nats_url: String) -> BinaryApp {
 /// HISTORY_VIEW_JETSTREAM_STREAMS, no stream consumed; then it stays unready for 3 s.
 async fn failed_closed(app: &BinaryApp, needle: &str) {
     // The streams are listed every second (half of the 2 s bound): ten listings.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let ready = app.api.get("/readyz", &[]).await;
-        let logged = app
-            .log_lines("HISTORY_VIEW_JETSTREAM_STREAMS")
-            .into_iter()
-            .any(|l| l.contains("ERROR"));
-        if ready.status == 503 && ready.body.contains(needle) && logged {
-            eprintln!("/readyz: {}", ready.body);
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not failed closed: /readyz {} {}; ERROR logged: {logged}; the worker's log:\n{}",
-            ready.status,
-            ready.body,
-            {
-                let lines = app.log_lines("");
-                lines[lines.len().saturating_sub(30)..].join("\n")
+    eventually_within(
+        "failed closed",
+        scaled(Duration::from_secs(10)),
+        || async move {
+            let ready = app.api.get("/readyz", &[]).await;
+            let logged = app
+                .log_lines("HISTORY_VIEW_JETSTREAM_STREAMS")
+                .into_iter()
+                .any(|l| l.contains("ERROR"));
+            if ready.status == 503 && ready.body.contains(needle) && logged {
+                eprintln!("/readyz: {}", ready.body);
+                return Ok(());
             }
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            let lines = app.log_lines("");
+            Err(format!(
+                "/readyz {} {}; ERROR logged: {logged}; the worker's log:\n{}",
+                ready.status,
+                ready.body,
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            ))
+        },
+    )
+    .await;
     for line in app.log_lines("HISTORY_VIEW_JETSTREAM_STREAMS") {
         eprintln!("log: {line}");
     }
+    // It stays unready: an absence over three listings, sampled (not a wait for anything).
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {
         let ready = app.api.get("/readyz", &[]).await;
@@ -1235,11 +893,14 @@ async fn read_from_the_store(scene: &Scene, ledger: &Ledger, api: &Api, thread: 
     } else {
         chunk(thread, "A", n, 0)
     };
-    ledger.store(&scene.store, std::slice::from_ref(&row)).await;
-    let (report, body, source) = read_judged(api, thread, ledger).await;
-    report.assert_kept("a read while failed closed");
-    assert_eq!(source.as_deref(), Some("store"), "{body}");
-    assert!(body.contains(&token(&row)), "{body}");
+    ledger
+        .store(&scene.store.events(), std::slice::from_ref(&row))
+        .await;
+    let read = read_history(&target(api), thread, None, ledger).await;
+    read.report.assert_kept("a read while failed closed");
+    let body = read.body;
+    assert_eq!(read.source, Some(Source::Store), "{body}");
+    assert!(body.contains(&token(&row).expect("a token")), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1250,9 +911,9 @@ async fn no_stream_matching_fails_closed_reads_from_the_store_and_a_stream_creat
     );
     let scene = Scene::new().await;
     let app = unready_worker(&scene, scene.nats.url()).await;
-    let ledger = Ledger::default();
+    let ledger = Ledger::new(LAG);
     let thread = "t-ret-nostream";
-    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let reader = Reader::start(vec![target(&app.api)], thread, Kind::History(None), &ledger);
     failed_closed(&app, "HISTORY_VIEW_JETSTREAM_STREAMS").await;
     // Stored after the start: every read answers from the store, with it.
     read_from_the_store(&scene, &ledger, &app.api, thread, 0).await;
@@ -1275,9 +936,9 @@ async fn a_nats_server_without_jetstream_fails_closed_and_reads_come_from_the_st
     let scene = Scene::new().await;
     let core_only = tokio::task::block_in_place(NatsServer::start_without_jetstream);
     let app = unready_worker(&scene, core_only.url()).await;
-    let ledger = Ledger::default();
+    let ledger = Ledger::new(LAG);
     let thread = "t-ret-nojs";
-    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let reader = Reader::start(vec![target(&app.api)], thread, Kind::History(None), &ledger);
     failed_closed(&app, "JetStream").await;
     read_from_the_store(&scene, &ledger, &app.api, thread, 0).await;
     read_from_the_store(&scene, &ledger, &app.api, thread, 1).await;
@@ -1294,8 +955,9 @@ async fn late_class_stream(scene: &Scene, ledger: &Ledger, thread: &str) {
     create_class_streams(&scene.nats.url(), ["Late".into()]).await;
     let context = jetstream::new(scene.publisher.clone());
     let rows: Vec<Value> = (1..=5).map(|n| chunk(thread, "Late", n, 0)).collect();
+    ledger.published(&rows);
     publish_stored(&context, &rows).await;
-    ledger.store(&scene.store, &rows).await;
+    ledger.store(&scene.store.events(), &rows).await;
 }
 
 async fn events(api: &Api) -> f64 {
@@ -1303,18 +965,11 @@ async fn events(api: &Api) -> f64 {
 }
 
 async fn wait_events(api: &Api, at_least: f64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually(&format!("{at_least} events received"), || async move {
         let received = events(api).await;
-        if received >= at_least {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "received {received} of {at_least} events"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        when(received >= at_least, || format!("received {received}"))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1326,10 +981,10 @@ async fn a_class_stream_created_while_the_worker_runs_is_consumed_from_its_first
     let scene = Scene::new().await;
     create_class_streams(&scene.nats.url(), ["UserAgent".into(), "A".into()]).await;
     let app = class_worker(&scene).await;
-    let ledger = Ledger::default();
+    let ledger = Ledger::new(LAG);
     let thread = "t-ret-late";
     opened(&scene, &ledger, &app.api, thread).await;
-    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let reader = Reader::start(vec![target(&app.api)], thread, Kind::History(None), &ledger);
     let before = events(&app.api).await;
 
     late_class_stream(&scene, &ledger, thread).await;
@@ -1354,11 +1009,16 @@ async fn a_class_stream_created_while_partitioned_workers_run_is_sourced_from_it
     );
     let deployment = Partitioned::start(&["UserAgent", "A"], &[]).await;
     let scene = &deployment.scene;
-    let ledger = Ledger::default();
+    let ledger = Ledger::new(LAG);
     let thread = owned_by("t-ret-plate", 1);
     let owner_app = deployment.owner(&thread);
     opened(scene, &ledger, &owner_app.api, &thread).await;
-    let reader = Reader::start(deployment.apis(&thread), &thread, &ledger);
+    let reader = Reader::start(
+        targets(deployment.apis(&thread)),
+        &thread,
+        Kind::History(None),
+        &ledger,
+    );
     let before = events(&owner_app.api).await;
 
     late_class_stream(scene, &ledger, &thread).await;
@@ -1445,6 +1105,7 @@ async fn flood(
     while !stop.load(Ordering::SeqCst) {
         if published.load(Ordering::SeqCst) >= quota.load(Ordering::SeqCst) {
             client.flush().await.expect("flush");
+            // The load generator's pacing: it looks at its quota again (a wait for nothing in the worker).
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         }
@@ -1551,7 +1212,7 @@ fn store_once_acknowledged(
                 .lock()
                 .unwrap()
                 .push((ack.sequence, Instant::now()));
-            ledger.store(&store, &[row]).await;
+            ledger.store(&store.events(), &[row]).await;
         }
     });
     (send, task)
@@ -1580,10 +1241,10 @@ async fn a_worker_behind_its_class_stream_in_a_burst_never_answers_from_memory_w
     let scene = Scene::new().await;
     create_class_streams(&scene.nats.url(), ["UserAgent".into(), "A".into()]).await;
     let app = default_class_worker(&scene).await;
-    let ledger = Ledger::default();
+    let ledger = Ledger::new(LAG);
     let thread = "t-ret-behind";
     opened(&scene, &ledger, &app.api, thread).await;
-    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let reader = Reader::start(vec![target(&app.api)], thread, Kind::History(None), &ledger);
     // A chunk's acknowledgement waits for the stream to store what was published before it.
     let mut context = jetstream::new(scene.publisher.clone());
     context.set_timeout(Duration::from_secs(60));
@@ -1637,6 +1298,7 @@ async fn a_worker_behind_its_class_stream_in_a_burst_never_answers_from_memory_w
         );
         chunks += 1;
         let row = chunk(thread, "A", chunks, 0);
+        ledger.published(std::slice::from_ref(&row));
         let ack = context
             .publish(
                 test_support::rows::subject(&row),
@@ -1751,10 +1413,10 @@ async fn a_class_stream_full_with_discard_new_refuses_a_chunk_and_nothing_is_ans
     })
     .await;
     let app = default_class_worker(&scene).await;
-    let ledger = Ledger::default();
+    let ledger = Ledger::new(LAG);
     let thread = "t-ret-refused";
     opened(&scene, &ledger, &app.api, thread).await;
-    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let reader = Reader::start(vec![target(&app.api)], thread, Kind::History(None), &ledger);
     let context = jetstream::new(scene.publisher.clone());
 
     // Other threads' chunks fill the stream to its limit: from then on it refuses what is published to it.
@@ -1765,6 +1427,7 @@ async fn a_class_stream_full_with_discard_new_refuses_a_chunk_and_nothing_is_ans
     wait_stream(&context, "agent_A_stream", "full", |s| s.messages == 200).await;
     // A chunk of the thread: refused by its stream, stored by aihub's persister all the same.
     let refused = chunk(thread, "A", 1, 0);
+    ledger.published(std::slice::from_ref(&refused));
     let answer = context
         .publish(
             test_support::rows::subject(&refused),
@@ -1776,7 +1439,7 @@ async fn a_class_stream_full_with_discard_new_refuses_a_chunk_and_nothing_is_ans
     assert!(answer.is_err(), "the full stream took it: {answer:?}");
     eprintln!("refused: {}", answer.expect_err("refused"));
     ledger
-        .store(&scene.store, std::slice::from_ref(&refused))
+        .store(&scene.store.events(), std::slice::from_ref(&refused))
         .await;
     let stored = Instant::now();
 
@@ -1785,7 +1448,7 @@ async fn a_class_stream_full_with_discard_new_refuses_a_chunk_and_nothing_is_ans
     let mut with_it = None;
     while stored.elapsed() < LAG + Duration::from_secs(3) {
         let reply = app.api.history(thread, "").await;
-        if reply.status == 200 && reply.body.contains(&token(&refused)) {
+        if reply.status == 200 && reply.body.contains(&token(&refused).expect("a token")) {
             with_it = Some((reply.source().map(str::to_owned), stored.elapsed()));
             break;
         }
@@ -1818,7 +1481,7 @@ async fn a_class_stream_full_with_discard_new_refuses_a_chunk_and_nothing_is_ans
 
     // Room again (a purge): no longer refusing, a gap (what it refused reached no stream), and the thread served
     // from memory again, with the chunk.
-    let reader = Reader::start(vec![app.api.clone()], thread, &ledger);
+    let reader = Reader::start(vec![target(&app.api)], thread, Kind::History(None), &ledger);
     context
         .get_stream("agent_A_stream")
         .await

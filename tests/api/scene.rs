@@ -2,13 +2,14 @@
 //! publisher playing aihub's agents, workers started on demand, and the waits and reads the scenarios share.
 
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
 use crate::helpers::{Api, BinaryApp, Reply, TestStore, metric, unique};
 use test_support::scrape::live_drops;
 use test_support::servers::{MongoServer, NatsServer};
+use test_support::wait::{eventually, when};
 
 /// Real servers, a database with aihub's indexes, and a publisher playing aihub's agents.
 pub struct Scene {
@@ -109,61 +110,54 @@ pub fn now_ns(i: i64) -> i64 {
     i64::try_from(now.as_nanos()).expect("ns fit i64") + i
 }
 
-/// Reads until the answer comes from memory (the bound passes within a few seconds), and returns it.
+/// Reads until the answer comes from memory (the bound passes within a few seconds), and returns it. Every answer
+/// until then is a 200.
 pub async fn read_until_cache(api: &Api, thread: &str, query: &str) -> Reply {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let reply = api.history(thread, query).await;
-        assert_eq!(reply.status, 200, "{}", reply.body);
-        if reply.source() == Some("cache") {
-            return reply;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never served from memory: {}",
-            reply.body
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        &format!("{thread}?{query} served from memory"),
+        || async move {
+            let reply = api.history(thread, query).await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+            if reply.source() == Some("cache") {
+                Ok(reply)
+            } else {
+                Err(format!("from {:?}: {}", reply.source(), reply.body))
+            }
+        },
+    )
+    .await
 }
 
 /// Waits until `/metrics` shows `name` at `at_least` or more.
 pub async fn wait_metric(api: &Api, name: &str, at_least: f64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually(&format!("{name} to reach {at_least}"), || async move {
         let metrics = api.metrics().await;
-        if metric(&metrics, name) >= at_least {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} < {at_least}:\n{metrics}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let value = metric(&metrics, name);
+        when(value >= at_least, || format!("{value}:\n{metrics}"))
+    })
+    .await;
 }
 
 /// Waits until the worker has reported at least `at_least` signs of lost live events ([`live_drops`]).
 pub async fn wait_drops(api: &Api, at_least: f64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually(&format!("{at_least} drops reported"), || async move {
         let metrics = api.metrics().await;
-        if live_drops(&metrics) >= at_least {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no drop reported:\n{metrics}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let drops = live_drops(&metrics);
+        when(drops >= at_least, || format!("{drops}:\n{metrics}"))
+    })
+    .await;
 }
 
 /// Waits until `/readyz` reports `check` (`nats` or `store`) as `ok`.
 pub async fn wait_check(api: &Api, check: &str, ok: bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let reply = api.get("/readyz", &[]).await;
-        if reply.json()["checks"][check]["ok"] == ok {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{check} never became {ok}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        &format!("the {check} check to become {ok}"),
+        || async move {
+            let reply = api.get("/readyz", &[]).await;
+            when(reply.json()["checks"][check]["ok"] == ok, || reply.body)
+        },
+    )
+    .await;
 }
 
 pub fn messages(reply: &Reply) -> Value {

@@ -6,14 +6,13 @@
 
 use std::collections::HashSet;
 
-use chat_history_view::project::project;
 use serde_json::{Value, json};
 use test_support::process::temp_dir;
+use test_support::reference;
 use test_support::servers::{MongoServer, NatsServer, python};
 
 use crate::cases;
 use crate::helpers::{BinaryApp, TestStore, chunk_row, item_to_message, unique, user_row};
-use crate::projector::decode_rows;
 use crate::threads;
 use test_support::scrape::metric;
 
@@ -41,7 +40,7 @@ async fn the_official_openai_sdk_pages_every_thread_as_the_history() {
     .await;
     app.wait_ready().await;
 
-    // Each thread with its read's identity, and what the projector says of it (its rows in store order).
+    // Each thread with its read's identity, and its rows in store order (what the reference reads).
     let mut threads: Vec<(String, Value, Vec<Value>)> = cases
         .iter()
         .map(|case| {
@@ -81,6 +80,17 @@ async fn the_official_openai_sdk_pages_every_thread_as_the_history() {
             .collect::<Vec<_>>()
             .join("&");
         let expected = app.api.history(thread, &query_string).await.json()["messages"].clone();
+        // The naive reference's answer over the thread's rows, for the history and the conversation.
+        let identity = query["agent_class"]
+            .as_str()
+            .map(|class| (class, query["agent_id"].as_str().unwrap()));
+        let answer = reference::history(thread, own, identity);
+        if expected != answer.messages {
+            failures.push(format!(
+                "{thread} history:\n  reference {}\n  served    {expected}",
+                answer.messages
+            ));
+        }
         let read = &report[thread.as_str()];
         let lists = read["lists"].as_object().expect("lists");
         let mut ids_seen: Option<Vec<Value>> = None;
@@ -109,19 +119,12 @@ async fn the_official_openai_sdk_pages_every_thread_as_the_history() {
             paged += 1;
         }
         // The conversation exists when a display is visible; it began with the first visible event.
-        let identity = query.as_object().unwrap().get("agent_class").map(|_| {
-            chat_history_view::project::Identity {
-                agent_class: query["agent_class"].as_str().unwrap().to_owned(),
-                agent_id: query["agent_id"].as_str().unwrap().to_owned(),
-            }
-        });
-        let projection = project(&decode_rows(own), identity.as_ref());
         let conversation = &read["conversation"];
-        let wanted = if projection.visible {
+        let wanted = if answer.visible {
             json!({
                 "id": thread,
                 "object": "conversation",
-                "created_at": projection.first_visible_at.map_or(0, |ns| ns.div_euclid(1_000_000_000)),
+                "created_at": answer.first_visible_at.map_or(0, |ns| ns.div_euclid(1_000_000_000)),
                 "metadata": {},
             })
         } else {
@@ -216,14 +219,12 @@ async fn the_official_sdk_sends_a_permanent_error_once_and_retries_an_overload()
     mongo.pause();
     let api = app.api.clone();
     let held = tokio::spawn(async move { api.history("sdk-held", "").await });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while misses(&app.api.metrics().await) <= misses_before {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the held read never reached the store"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let (probe_api, misses) = (&app.api, &misses);
+    test_support::wait::eventually("the held read reached the store", || async move {
+        let now = misses(&probe_api.metrics().await);
+        test_support::wait::when(now > misses_before, || format!("{now} misses"))
+    })
+    .await;
     let before = errors(&app.api.metrics().await, 503);
     let report = run_retries(&base_url, "sdk-small", "overloaded").await;
     let received = errors(&app.api.metrics().await, 503) - before;

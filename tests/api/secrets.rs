@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::helpers::{Api, BinaryApp, OneThread};
 use test_support::process::temp_dir;
+use test_support::wait::{eventually_within, when};
 
 /// The time a rotation may take from the file's change (issue 37); the file is read every second.
 const ROTATION: Duration = Duration::from_secs(5);
@@ -64,18 +65,17 @@ async fn status_with(api: &Api, token: &str) -> u16 {
     .status
 }
 
-/// Waits until a read with `token` answers `status`, within the rotation's bound.
+/// Waits until a read with `token` answers `status`, within the rotation's bound (scaled) of `since`.
 async fn until_status(api: &Api, token: &str, status: u16, since: Instant) {
-    loop {
-        if status_with(api, token).await == status {
-            return;
-        }
-        assert!(
-            since.elapsed() < ROTATION,
-            "a read with {token} did not answer {status} within {ROTATION:?} of the file's change"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_within(
+        &format!("a read with {token} answering {status} after the file's change"),
+        ROTATION.saturating_sub(since.elapsed()),
+        || async move {
+            let answered = status_with(api, token).await;
+            when(answered == status, || format!("{answered}"))
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,15 +139,16 @@ async fn tokens_rotate_through_the_mounted_file_without_a_restart() {
 
 /// Waits until the worker has logged `needle` at least `count` times.
 async fn wait_log(app: &BinaryApp, needle: &str, count: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while app.log_lines(needle).len() < count {
-        assert!(
-            Instant::now() < deadline,
-            "{needle:?} not logged {count} times: {:?}",
-            app.log_lines(needle)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_within(
+        &format!("{needle:?} logged {count} times"),
+        Duration::from_secs(30),
+        || {
+            let lines = app.log_lines(needle);
+            let logged = when(lines.len() >= count, || format!("{lines:?}"));
+            async move { logged }
+        },
+    )
+    .await;
 }
 
 /// The token file's bounds through the binary: a file of more than 10,000 tokens or more than 1 MiB stops the start
@@ -215,6 +216,8 @@ async fn a_token_file_beyond_its_bounds_or_half_written_is_never_taken() {
     for piece in NEW.as_bytes().chunks(6) {
         written.push_str(std::str::from_utf8(piece).unwrap());
         std::fs::write(&file, &written).unwrap();
+        // The scenario: a writer slower than the file is polled (every second), so each prefix sits there for a
+        // poll; nothing marks a poll, and a prefix must stay refused however long it sits.
         tokio::time::sleep(Duration::from_millis(1_300)).await;
         let prefix = written.lines().last().unwrap();
         if prefix != NEW {

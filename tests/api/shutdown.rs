@@ -5,7 +5,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::helpers::{BinaryApp, OneThread, metric, spawn_app, turns};
+use crate::helpers::{Api, BinaryApp, OneThread, spawn_app, turns};
+use crate::scene::wait_metric;
+use test_support::wait::within;
+
+/// Waits until the worker behind `api` has answered at least `reads` reads of a thread (from memory or the store).
+async fn wait_reads(api: &Api, reads: f64) {
+    api.wait_metric_sum("history_view_read_duration_seconds_count", reads)
+        .await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_a_read_in_flight_completes_the_read_and_exits_in_time() {
@@ -30,19 +38,15 @@ async fn sigterm_with_a_read_in_flight_completes_the_read_and_exits_in_time() {
     mongo.pause();
     let api = app.api.clone();
     let read = tokio::spawn(async move { api.history("t1", "").await });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&app.api.metrics().await, "history_view_cache_misses_total") < 1.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the read never reached the worker"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // The read reached the worker: it missed the cache and waits for its hydration.
+    wait_metric(&app.api, "history_view_cache_misses_total", 1.0).await;
 
     app.terminate();
-    // The process keeps draining while the read is in flight.
+    // The signal was handled and the drain began; the process keeps draining while the read is in flight (and the
+    // read's answer below is the proof that it drained rather than cut it off).
+    app.wait_log("no new events or connections").await;
     assert!(
-        app.wait_exit(Duration::from_millis(300)).await.is_none(),
+        !read.is_finished() && app.exited().is_none(),
         "exited with a read in flight"
     );
     mongo.resume();
@@ -128,33 +132,40 @@ async fn sigterm_makes_the_worker_unready_and_it_serves_on_through_the_delay_ref
                     before += 1;
                 }
                 assert!(failures.len() < 5, "reads failed: {failures:?}");
+                // A load generator's pacing, not a wait for anything.
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             (before, after, failures)
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A few reads answered before the signal.
+    wait_reads(&app.api, 3.0).await;
 
     let signalled = Instant::now();
     app.terminate();
     // /readyz says so as soon as the signal is handled, naming the cause; meanwhile it always answers.
-    let body = loop {
-        let reply = client
-            .get(&readyz)
-            .send()
-            .await
-            .expect("/readyz answers after SIGTERM");
-        let status = reply.status();
-        let body: serde_json::Value = reply.json().await.expect("a JSON /readyz body");
-        if status == 503 {
-            break body;
-        }
-        assert!(
-            signalled.elapsed() < Duration::from_secs(10),
-            "/readyz still ready after SIGTERM: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let body = test_support::wait::eventually_within(
+        "/readyz unready after SIGTERM",
+        Duration::from_secs(10),
+        || {
+            let (client, readyz) = (&client, &readyz);
+            async move {
+                let reply = client
+                    .get(readyz)
+                    .send()
+                    .await
+                    .expect("/readyz answers after SIGTERM");
+                let status = reply.status();
+                let body: serde_json::Value = reply.json().await.expect("a JSON /readyz body");
+                if status == 503 {
+                    Ok(body)
+                } else {
+                    Err(format!("{status} {body}"))
+                }
+            }
+        },
+    )
+    .await;
     unready.store(true, Ordering::Release);
     assert_eq!(body["ready"], false, "{body}");
     assert_eq!(body["checks"]["shutdown"]["ok"], false, "{body}");
@@ -177,10 +188,7 @@ async fn sigterm_makes_the_worker_unready_and_it_serves_on_through_the_delay_ref
         before > 0 && after >= 30,
         "{before} reads before, {after} after"
     );
-    assert!(
-        app.wait_exit(Duration::from_millis(10)).await.is_none(),
-        "exited during the delay"
-    );
+    assert!(app.exited().is_none(), "exited during the delay");
     assert!(
         app.log_lines("serving on while the endpoints are removed")
             .len()
@@ -229,11 +237,14 @@ impl PooledClients {
     }
 
     async fn line(&mut self) -> String {
-        tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
-            .await
-            .expect("the client process answers")
-            .expect("its output")
-            .expect("a line")
+        within(
+            "the client process answers",
+            Duration::from_secs(30),
+            self.lines.next_line(),
+        )
+        .await
+        .expect("its output")
+        .expect("a line")
     }
 
     /// Stops it; each client's `(name, answers, failures, first failure)`.
@@ -294,11 +305,13 @@ async fn pooled_clients_follow_a_rolling_restart_without_a_failed_request() {
     let url = format!("{}/v1/threads/t1/history", service.http_url());
     let python = PooledClients::start(&test_support::servers::python(), "pooled.py", &url).await;
     let node = PooledClients::start(std::path::Path::new("node"), "pooled.mjs", &url).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Each client has had an answer; the three are under way against the old worker (half a second's worth).
+    wait_reads(&old.api, 75.0).await;
 
     // A rollout: SIGTERM, and the endpoint removal reaching the Service a moment later; the clients' pooled
     // connections stay with the old worker until they close.
     old.terminate();
+    // The scenario: the endpoint removal reaches the Service half a second after the signal, as in a cluster.
     tokio::time::sleep(Duration::from_millis(500)).await;
     service.route_to(address(&new));
     assert!(
@@ -307,7 +320,8 @@ async fn pooled_clients_follow_a_rolling_restart_without_a_failed_request() {
             .is_some(),
         "the old worker exits"
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The clients went on against the new worker (a second's worth of their reads).
+    wait_reads(&new.api, 150.0).await;
 
     let mut results = python.stop(2).await;
     results.extend(node.stop(1).await);

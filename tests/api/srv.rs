@@ -9,10 +9,10 @@ use std::ffi::OsString;
 use std::net::{Ipv4Addr, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use crate::helpers::{Api, BinaryApp, TestStore, chunk_row, turns, unique, user_row};
 use test_support::servers::{MongoServer, NatsServer};
+use test_support::wait::{eventually, when};
 
 /// The SRV name of the URI and the host its record names (which must share the URI's parent domain).
 const SRV_HOST: &str = "db.chv.test";
@@ -187,14 +187,15 @@ async fn an_srv_uri_that_does_not_resolve_yet_leaves_the_worker_up_until_it_does
     assert_eq!(read.json()["error"]["code"], "store_unavailable");
     // It keeps trying.
     let asked = responder.srv_queries.load(Ordering::SeqCst);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while responder.srv_queries.load(Ordering::SeqCst) < asked + 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the SRV record was not asked for again"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let queries = &responder.srv_queries;
+    eventually("the SRV record asked for again", || {
+        let now = queries.load(Ordering::SeqCst);
+        let again = when(now >= asked + 2, || {
+            format!("{} queries since", now - asked)
+        });
+        async move { again }
+    })
+    .await;
 
     // Once the name resolves, the worker becomes ready by itself and reads the store behind the SRV record.
     responder.answering.store(true, Ordering::SeqCst);

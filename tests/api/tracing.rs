@@ -27,6 +27,7 @@ use crate::explain::explain;
 use crate::helpers::{Api, BinaryApp, Reply, chunk_row, encode, metric, publish_rows, user_row};
 use crate::scene::{Scene, read_until_cache};
 use test_support::process::port_prefix;
+use test_support::wait::{eventually, eventually_within, when};
 
 /// The batch processor's export interval (the SDK honours `OTEL_BSP_SCHEDULE_DELAY`, in milliseconds): short, so
 /// that spans arrive soon after they end; the waits stay generous.
@@ -413,14 +414,8 @@ fn json_lines(worker: &BinaryApp, needle: &str) -> Vec<Value> {
 
 /// Waits until `worker` has logged a JSON line containing `needle`, and returns the first.
 async fn logged(worker: &BinaryApp, needle: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(line) = json_lines(worker, needle).into_iter().next() {
-            return line;
-        }
-        assert!(Instant::now() < deadline, "no log line says {needle:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let line = worker.wait_log(needle).await;
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"))
 }
 
 /// The receiver itself, against the exporter the worker uses (`opentelemetry-otlp` over HTTP with protobuf, its
@@ -595,16 +590,17 @@ async fn a_read_with_a_traceparent_joins_the_callers_trace_down_to_the_store_the
 
     // Later reads come from memory (once the persister-lag bound has passed since the worker started): the
     // `cache` span says so, and no hydration or query is in their traces.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (caller, reply) = loop {
+    let api = &worker.api;
+    let (caller, reply) = eventually("a read served from memory", || async move {
         let caller = Caller::new();
-        let reply = read(&worker.api, thread, &caller).await;
+        let reply = read(api, thread, &caller).await;
         if reply.source() == Some("cache") {
-            break (caller, reply);
+            Ok((caller, reply))
+        } else {
+            Err(format!("from {:?}: {}", reply.source(), reply.body))
         }
-        assert!(Instant::now() < deadline, "never served from memory");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     let server = traced
         .server_span(SERVICE, &caller, &path, Some(&reply))
         .await;
@@ -759,11 +755,16 @@ async fn a_fill_links_to_the_publisher_of_the_marker_that_made_its_display_visib
         ("user", "Q2"),
         ("assistant", "A2"),
     ]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while read_until_cache(&worker.api, thread, "").await.json()["messages"] != expected {
-        assert!(Instant::now() < deadline, "the display was never filled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (api, expected) = (&worker.api, &expected);
+    eventually("the display filled, served from memory", || async move {
+        let reply = api.history(thread, "").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        when(
+            reply.source() == Some("cache") && reply.json()["messages"] == *expected,
+            || format!("from {:?}: {}", reply.source(), reply.body),
+        )
+    })
+    .await;
     let fill = traced
         .receiver
         .wait_for("a fill span linked to the marker's publisher", |spans| {
@@ -1149,9 +1150,9 @@ async fn explain_lists_the_publishers_trace_id_of_each_live_event_and_none_of_st
         invalid.push(event_id);
     }
     // Explained once the view holds them all.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let body = loop {
-        let reply = explain(&worker.api, thread, "").await;
+    let (api, expected_invalid) = (&worker.api, &invalid);
+    let body = eventually("the live events in the view", || async move {
+        let reply = explain(api, thread, "").await;
         assert_eq!(reply.status, 200, "{}", reply.body);
         let body = reply.json();
         let held = |id: &str| {
@@ -1163,17 +1164,15 @@ async fn explain_lists_the_publishers_trace_id_of_each_live_event_and_none_of_st
         };
         if ["e3", "e4", "e5"]
             .into_iter()
-            .chain(invalid.iter().map(String::as_str))
+            .chain(expected_invalid.iter().map(String::as_str))
             .all(held)
         {
-            break body;
+            Ok(body)
+        } else {
+            Err(body.to_string())
         }
-        assert!(
-            Instant::now() < deadline,
-            "the live events never reached the view: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     let events = body["events"].as_array().expect("events");
     let publisher_trace = |event_id: &str| {
         let event = events
@@ -1234,16 +1233,17 @@ async fn without_an_endpoint_nothing_is_exported_and_nothing_names_a_trace() {
         .await;
     let first = read(&worker.api, thread, &Caller::new()).await;
     assert_eq!(first.source(), Some("store"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut replies = vec![first];
-    while replies.last().and_then(Reply::source) != Some("cache") {
-        assert!(Instant::now() < deadline, "never served from memory");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        replies.push(read(&worker.api, thread, &Caller::new()).await);
-    }
-    for reply in &replies {
+    // Every read until one is served from memory names no trace.
+    assert_eq!(first.header("traceparent"), None, "{:?}", first.headers);
+    let api = &worker.api;
+    eventually("a read served from memory", || async move {
+        let reply = read(api, thread, &Caller::new()).await;
         assert_eq!(reply.header("traceparent"), None, "{:?}", reply.headers);
-    }
+        when(reply.source() == Some("cache"), || {
+            format!("from {:?}: {}", reply.source(), reply.body)
+        })
+    })
+    .await;
     let events: Vec<Value> = (3..13)
         .map(|c| chunk_row(thread, "d1", "A", &format!("e{c}"), c, "x"))
         .collect();
@@ -1302,19 +1302,24 @@ async fn tracing_announces_itself_and_reports_spans_it_cannot_send() {
         "{}",
         announced[0]
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert_eq!(app.api.history("t-down", "").await.status, 200);
-        let dropped = metric(
-            &app.api.metrics().await,
-            "history_view_trace_spans_dropped_total",
-        );
-        if dropped > 0.0 && !app.log_lines("could not send spans").is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no failed export reported");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let reporting = &app;
+    eventually_within(
+        "a failed export reported",
+        Duration::from_secs(30),
+        || async move {
+            let api = &reporting.api;
+            assert_eq!(api.history("t-down", "").await.status, 200);
+            let dropped = metric(
+                &api.metrics().await,
+                "history_view_trace_spans_dropped_total",
+            );
+            let warned = reporting.log_lines("could not send spans").len();
+            when(dropped > 0.0 && warned > 0, || {
+                format!("{dropped} spans dropped, {warned} warnings")
+            })
+        },
+    )
+    .await;
     let warnings = app.log_lines("could not send spans");
     assert!(warnings[0].contains("\"WARN\""), "{}", warnings[0]);
     let leaked = app.log_lines(PASSWORD);
@@ -1342,11 +1347,18 @@ async fn tracing_announces_itself_and_reports_spans_it_cannot_send() {
         )
         .await;
     assert_eq!(on.api.history("t-up", "").await.status, 200);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while receiver.authorizations().is_empty() {
-        assert!(Instant::now() < deadline, "{:?}", receiver.requests());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let collecting = &receiver;
+    eventually_within(
+        "an export at the collector",
+        Duration::from_secs(30),
+        || {
+            let seen = when(!collecting.authorizations().is_empty(), || {
+                format!("{:?}", collecting.requests())
+            });
+            async move { seen }
+        },
+    )
+    .await;
     use base64::Engine as _;
     let expected = format!(
         "Basic {}",
