@@ -317,9 +317,9 @@ fn live_event(thread: &str, display: u32, run: u32, family: Family, id: u32, at:
     .expect("a display-event subject");
     let payload = format!(r#"{{"_parent_event_names": ["{name}"], "created_at": {at}{data}}}"#);
     match decode_payload(key, payload.as_bytes()) {
-        // Dated a day ahead: the model deletes nothing, and the deleted-thread rule (design 2.1.8) judges
-        // arrivals on the wall clock, which the paused clock does not move, so a slow machine must not make
-        // a live event look old enough to drop.
+        // Dated a day ahead: the model deletes nothing, and the deleted-thread rule
+        // ([design 2.1.8](../../../docs/design.md#2.1.8)) judges arrivals on the wall clock, which the paused
+        // clock does not move, so a slow machine must not make a live event look old enough to drop.
         Ok(Decoded::Event(event)) => ViewEvent {
             arrived: crate::decode::arrival(SystemTime::now() + Duration::from_secs(86_400)),
             ..event
