@@ -100,6 +100,13 @@ OTEL_SDK_VERSION="1.45.2"
 NATS_PY_VERSION="2.16.0"
 # urllib3, a pooled HTTP client of its own (requests' transport), for the rolling-restart test (tests/clients/pooled.py).
 URLLIB3_VERSION="2.8.0"
+# The Vercel AI SDK (npm), for the resume test's client (tests/clients/ui_resume.mjs): its DefaultChatTransport and
+# readUIMessageStream, with the zod its chunk schemas validate with (a peer dependency whose version changes what
+# validates). Into .tools/node with npm ci from tests/clients/node's lock file; Node itself comes from the system (18
+# or later).
+AI_SDK_VERSION="6.0.333"
+ZOD_VERSION="4.6.7"
+NODE_DIR="$TOOLS/node"
 # Debian's package (bookworm), not PyPI: no wheel carries Prometheus. Its two
 # binaries are static Go programs, so the extracted files run as they are.
 PROMETHEUS_DEB_VERSION="2.42.0+ds-5+b6"
@@ -207,8 +214,26 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
+# Whether the pinned AI SDK packages are in .tools/node.
+node_clients_ok() {
+    [ "$(cat "$NODE_DIR/.versions" 2>/dev/null)" = "ai@$AI_SDK_VERSION zod@$ZOD_VERSION" ] &&
+        [ -f "$NODE_DIR/node_modules/ai/package.json" ]
+}
+
+install_node_clients() {
+    command -v npm >/dev/null 2>&1 || die "npm is not on PATH (the resume test's client needs Node 18 or later)"
+    log "installing ai@$AI_SDK_VERSION zod@$ZOD_VERSION into .tools/node (npm)"
+    rm -rf "$NODE_DIR" && mkdir -p "$NODE_DIR"
+    # The lock file pins every transitive package too: npm ci installs exactly it.
+    cp "$ROOT/tests/clients/node/package.json" "$ROOT/tests/clients/node/package-lock.json" "$NODE_DIR/"
+    (cd "$NODE_DIR" && npm ci --no-audit --no-fund --silent >&2) || die "npm ci of the AI SDK failed"
+    grep -q "\"ai\": \"$AI_SDK_VERSION\"" "$NODE_DIR/package.json" ||
+        die "tests/clients/node/package.json does not pin ai@$AI_SDK_VERSION"
+    printf '%s\n' "ai@$AI_SDK_VERSION zod@$ZOD_VERSION" >"$NODE_DIR/.versions"
+}
+
 # What `make test` needs beyond the servers: the clients, Prometheus and Chromium.
-test_tools_ok() { clients_ok && prometheus_ok && chromium_ok; }
+test_tools_ok() { clients_ok && node_clients_ok && prometheus_ok && chromium_ok; }
 
 # Why the test tools could not be installed, and what to do: they come from Debian 12's archive, which other
 # systems lack; `make run` does not need them.
@@ -355,6 +380,7 @@ ensure_installed() {
         # After the venv: a venv created anew above has lost the links into .tools/prometheus and .tools/chromium.
         prometheus_ok || install_prometheus
         chromium_ok || install_chromium
+        node_clients_ok || install_node_clients
     ) 8>"$TOOLS/venv.lock"
 }
 

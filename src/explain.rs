@@ -374,7 +374,7 @@ fn describe(json: &mut EventJson<'_>, fate: Fate) {
         Fate::Stop(stop) => {
             json.fate = "stop";
             json.prefix_rule = Some(match stop {
-                StopFate::Supplied { message } => {
+                StopFate::Supplied { message, .. } => {
                     json.message = Some(message);
                     "supplied"
                 }

@@ -12,6 +12,7 @@
 //!   [`decode::ViewEvent`]; one decoder for both paths.
 //! - [`view`]: a thread's events, deduplicated and in projection order; `Complete` or `Partial`.
 //! - [`project`]: the pure projector: events and the read's primary identity become the history and warnings.
+//! - [`run`]: the run model: each assistant message's parts and the latest run's state, from a traced projection.
 //! - [`source`]: where events come from: Core NATS (the subscription loop and the connection watcher) or JetStream
 //!   (class streams or the partitioned stream, one consumer loop each, resumed by sequence and checked against the
 //!   stream's retention); one tracker turns what they report into gaps, catch-up and freshness; the ingest path
@@ -49,6 +50,7 @@ pub mod metrics;
 pub mod partition;
 pub mod project;
 pub mod readiness;
+pub mod run;
 pub mod setting;
 pub mod shadow;
 pub mod shutdown;

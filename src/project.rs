@@ -215,8 +215,9 @@ pub enum Rule {
 /// What the prefix rule did with a stop event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopFate {
-    /// What streamed was a strict prefix of the full answer: the rest joined message `message`.
-    Supplied { message: usize },
+    /// What streamed was a strict prefix of the full answer: the rest (its last `bytes` bytes) joined message
+    /// `message`.
+    Supplied { message: usize, bytes: usize },
     /// What streamed already was the full answer (or the answer was empty).
     NothingToAdd,
     /// What streamed is not a prefix of the full answer: nothing was added.
@@ -433,9 +434,10 @@ fn build<'a>(
                         Some(suffix) => {
                             let suffix = suffix.to_owned();
                             match transcript.add_assistant_text(event, &suffix) {
-                                Fate::Counted { message } => {
-                                    Fate::Stop(StopFate::Supplied { message })
-                                }
+                                Fate::Counted { message } => Fate::Stop(StopFate::Supplied {
+                                    message,
+                                    bytes: suffix.len(),
+                                }),
                                 other => other,
                             }
                         }

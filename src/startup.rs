@@ -349,7 +349,7 @@ mod tests {
     /// order is not pinned (the exposition sorts by name).
     #[test]
     fn metric_names_and_labels_are_pinned() {
-        let pinned: [(&str, &[&str]); 54] = [
+        let pinned: [(&str, &[&str]); 55] = [
             ("history_view_build_info", &["version"]),
             ("history_view_events_total", &["outcome"]),
             ("history_view_shadow_checks_total", &["result"]),
@@ -402,6 +402,7 @@ mod tests {
             ("history_view_feed_events_total", &["kind"]),
             ("history_view_feed_resumes_total", &["outcome"]),
             ("history_view_feed_coalesced_changes_total", &[]),
+            ("history_view_resume_requests_total", &["outcome"]),
             ("history_view_warm_threads", &["state"]),
             ("history_view_trace_spans_dropped_total", &[]),
         ];

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::etag::etag_of;
 use super::items::Items;
+use super::runs::RunView;
 use super::transcript::Transcript;
 use crate::explain::ViewFates;
 use crate::project::{HistoryMessage, Projection, Trace};
@@ -130,6 +131,7 @@ pub struct Forms {
     items: Option<Arc<Items>>,
     transcript: Option<Arc<Transcript>>,
     fates: Option<Arc<ViewFates>>,
+    runs: Option<Arc<RunView>>,
 }
 
 impl Forms {
@@ -138,6 +140,7 @@ impl Forms {
             + self.items.as_ref().map_or(0, |i| i.bytes())
             + self.transcript.as_ref().map_or(0, |t| t.bytes())
             + self.fates.as_ref().map_or(0, |f| f.bytes())
+            + self.runs.as_ref().map_or(0, |r| r.bytes())
     }
 }
 
@@ -239,6 +242,27 @@ impl Form for ViewFates {
 
     fn bytes(&self) -> usize {
         ViewFates::bytes(self)
+    }
+}
+
+impl Form for RunView {
+    const TRACED: bool = true;
+
+    fn render(
+        _thread_id: &str,
+        _view: &ThreadView,
+        projection: &Projection,
+        trace: &Trace<'_>,
+    ) -> Self {
+        RunView::new(projection, trace)
+    }
+
+    fn slot(forms: &mut Forms) -> &mut Option<Arc<Self>> {
+        &mut forms.runs
+    }
+
+    fn bytes(&self) -> usize {
+        RunView::bytes(self)
     }
 }
 

@@ -15,7 +15,7 @@
 //! One job a file: `answer.rs` (a read's answer: the serving rule, or the store), `entry.rs` (an entry and its lock
 //! order), `work.rs` (the store side's state machine),
 //! `hydrate.rs` (hydrations and re-reads), `fill.rs` (fills), `scan.rs` (explain's row scans and share), `form.rs`
-//! (what a read asks for and gets), `render.rs` (rendering once per version), `limit.rs` (the per-thread limit),
+//! (what a read asks for and gets), `render.rs` (rendering once per version), `runs.rs` (the run form), `limit.rs` (the per-thread limit),
 //! `metrics.rs` (the cache's and the shadow checks' metrics), `hot_set.rs` (the hot set by read recency, and the
 //! warm hydrations), `checks.rs` (the shadow checks it runs), `settings.rs`; this file holds the moka cache, the
 //! live path into it and the waits on a view. The store is read
@@ -36,6 +36,7 @@ mod items;
 mod limit;
 mod metrics;
 mod render;
+mod runs;
 mod scan;
 mod settings;
 #[cfg(test)]
@@ -61,6 +62,7 @@ pub use hot_set::Warmed;
 pub use items::{ItemId, Items};
 pub use limit::LimitPath;
 pub use metrics::{AppliedEvents, CacheMetrics, ShadowMetrics, ViewMetrics};
+pub use runs::{RunMessage, RunView};
 pub use scan::RowScan;
 pub use settings::{CacheSettings, DEFAULT_CACHE_MAX_BYTES};
 pub use transcript::Transcript;

@@ -275,14 +275,15 @@ fn end(reason: &ApiError) -> Event {
     Event::default().event(END).data(reason.body().to_string())
 }
 
-/// A feed's permit and its place in `history_view_feed_streams`, both given back when the feed ends.
-struct StreamSlot {
+/// A long response's permit (a feed's, a resume stream's) and its place in `history_view_feed_streams`, both given
+/// back when it ends.
+pub(super) struct StreamSlot {
     _permit: OwnedSemaphorePermit,
     metrics: Arc<HttpMetrics>,
 }
 
 impl StreamSlot {
-    fn new(permit: OwnedSemaphorePermit, metrics: &Arc<HttpMetrics>) -> Self {
+    pub(super) fn new(permit: OwnedSemaphorePermit, metrics: &Arc<HttpMetrics>) -> Self {
         metrics.feed_streams(1);
         Self {
             _permit: permit,

@@ -126,6 +126,26 @@ impl FeedEvent {
     }
 }
 
+/// What a resume request answered (`outcome` of `history_view_resume_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeOutcome {
+    /// A resumable message, streamed.
+    Streamed,
+    /// Nothing resumable: 204, or a lone `finish`.
+    Idle,
+}
+
+impl ResumeOutcome {
+    pub const ALL: [ResumeOutcome; 2] = [ResumeOutcome::Streamed, ResumeOutcome::Idle];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ResumeOutcome::Streamed => "streamed",
+            ResumeOutcome::Idle => "idle",
+        }
+    }
+}
+
 pub struct HttpMetrics {
     connections: IntGauge,
     refused: IntCounterVec,
@@ -138,6 +158,7 @@ pub struct HttpMetrics {
     feed_events: IntCounterVec,
     feed_resumes: IntCounterVec,
     feed_coalesced: IntCounter,
+    resumes: IntCounterVec,
     ready: IntGaugeVec,
     nats_connected: IntGauge,
 }
@@ -193,7 +214,8 @@ impl HttpMetrics {
             ),
             feed_streams: registrar.gauge(
                 "history_view_feed_streams",
-                "Live feeds (history/stream) open now, of at most HISTORY_VIEW_HTTP_MAX_STREAMS.",
+                "Long responses open now, of at most HISTORY_VIEW_HTTP_MAX_STREAMS: live feeds (history/stream) and \
+                 resume streams (ui-message-stream).",
             ),
             feed_events: registrar.counter_vec(
                 "history_view_feed_events_total",
@@ -210,6 +232,13 @@ impl HttpMetrics {
             feed_coalesced: registrar.counter(
                 "history_view_feed_coalesced_changes_total",
                 "Changes of a thread's view a feed sent within a later event instead of one of their own.",
+            ),
+            resumes: registrar.counter_vec(
+                "history_view_resume_requests_total",
+                "Requests to resume a running answer (ui-message-stream) answered here, by outcome: streamed (the \
+                 thread's latest run had not finished: replayed, then followed), idle (nothing to resume: 204 or a \
+                 lone finish). Refusals and errors are counted as API errors.",
+                &["outcome"],
             ),
             ready: registrar.gauge_vec(
                 "history_view_ready",
@@ -232,6 +261,10 @@ impl HttpMetrics {
         preset(&metrics.read_errors, &READ_ERROR_CODES);
         preset(&metrics.feed_events, &FeedEvent::ALL.map(FeedEvent::label));
         preset(&metrics.feed_resumes, &FeedEvent::ALL.map(FeedEvent::label));
+        preset(
+            &metrics.resumes,
+            &ResumeOutcome::ALL.map(ResumeOutcome::label),
+        );
         preset(&metrics.ready, &READY_COMPONENTS);
         metrics
     }
@@ -292,6 +325,11 @@ impl HttpMetrics {
         self.feed_resumes
             .with_label_values(&[outcome.label()])
             .inc();
+    }
+
+    /// A resume request answered with `outcome`.
+    pub fn resume(&self, outcome: ResumeOutcome) {
+        self.resumes.with_label_values(&[outcome.label()]).inc();
     }
 
     /// Readiness as `/readyz` sees it now (set when `/metrics` is scraped).

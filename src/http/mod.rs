@@ -13,6 +13,7 @@ mod listeners;
 mod metrics;
 mod operations;
 mod read;
+mod resume;
 mod route;
 mod serve;
 mod settings;
@@ -102,6 +103,10 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
             "/v1/conversations/{thread_id}/items",
             get(conversations::list_items),
         )
+        .route(
+            "/v1/threads/{thread_id}/ui-messages",
+            get(resume::ui_messages),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             limit_in_flight,
@@ -112,6 +117,10 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
         .route(
             "/v1/threads/{thread_id}/history/stream",
             get(feed::stream_history),
+        )
+        .route(
+            "/v1/threads/{thread_id}/ui-message-stream",
+            get(resume::ui_message_stream),
         )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     // Every API answer passes `count_errors`, and runs inside its server span (outermost, so that refusals by the

@@ -79,6 +79,8 @@ mod conversations;
 mod sdk;
 // The live feed (Server-Sent Events): updates, resumes, gaps, evictions, idle timeouts, shutdown.
 mod feed;
+// Resuming a running answer with the real AI SDK (tests/clients/ui_resume.mjs).
+mod resume;
 // Warm restarts: the hot set handed over through a NATS key-value bucket and hydrated before ready.
 mod warm;
 // Trace continuation: a read's spans in the caller's trace down to the store and through a forward, ingested events'

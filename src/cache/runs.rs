@@ -1,0 +1,81 @@
+//! The run form of an answer ([design 3.1](../../docs/design.md#3.1)): the run model ([`crate::run`]) with each
+//! message's item id and content, rendered once per view version and identity from a traced projection, for the
+//! resume dialects (`http/resume.rs`).
+
+use crate::decode::Part;
+use crate::project::{Projection, Role, Trace};
+use crate::run::{LatestRun, RunPart, runs};
+
+/// One message as the resume dialects show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunMessage {
+    /// The message's item id (`msg_…`), as the Conversations items give it.
+    pub id: String,
+    pub role: Role,
+    /// A user message's content.
+    pub user: Vec<Part>,
+    /// An assistant message's parts, in projector order.
+    pub parts: Vec<RunPart>,
+}
+
+/// An answer's messages and its latest run.
+#[derive(Debug, Default)]
+pub struct RunView {
+    pub messages: Vec<RunMessage>,
+    pub latest: Option<LatestRun>,
+}
+
+impl RunView {
+    pub fn new(projection: &Projection, trace: &Trace<'_>) -> Self {
+        let model = runs(projection, trace);
+        let messages = projection
+            .history
+            .messages
+            .iter()
+            .zip(&projection.provenance)
+            .zip(model.parts)
+            .map(|((message, provenance), parts)| RunMessage {
+                id: provenance.id(),
+                role: message.role,
+                user: match message.role {
+                    Role::User => message.content.clone(),
+                    Role::Assistant => Vec::new(),
+                },
+                parts,
+            })
+            .collect();
+        Self {
+            messages,
+            latest: model.latest,
+        }
+    }
+
+    /// Bytes held, for the cache's weigher.
+    pub fn bytes(&self) -> usize {
+        64 + self
+            .messages
+            .iter()
+            .map(|m| {
+                96 + m.id.len()
+                    + m.user.iter().map(part_bytes).sum::<usize>()
+                    + m.parts
+                        .iter()
+                        .map(|p| match p {
+                            RunPart::Text(text) => 40 + text.len(),
+                            RunPart::Question { event_id, text } => {
+                                56 + event_id.len() + text.len()
+                            }
+                        })
+                        .sum::<usize>()
+            })
+            .sum::<usize>()
+    }
+}
+
+fn part_bytes(part: &Part) -> usize {
+    64 + match part {
+        Part::Text { text } => text.len(),
+        Part::ImageUrl { image_url } => image_url.url.len(),
+        Part::InputAudio { input_audio } => input_audio.data.len() + input_audio.format.len(),
+    }
+}
