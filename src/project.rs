@@ -126,7 +126,8 @@ pub struct Projection {
     /// One per message of `history`, in the same order.
     pub provenance: Vec<Provenance>,
     /// The runs that finished: a stop event of the primary agent (of any agent when the read has no identity) or a
-    /// HITL request of the run, well-formed or not (either way nothing of the run follows it).
+    /// HITL request of the run, well-formed or not, that no answer of the run followed (the agent goes on with the
+    /// run once answered).
     pub finished_runs: BTreeSet<Box<str>>,
     /// Whether any display is client-visible (a thread without one has no conversation).
     pub visible: bool,
@@ -362,6 +363,8 @@ fn build<'a>(
 ) -> Projection {
     let mut transcript = Transcript::default();
     let mut finished_runs = BTreeSet::new();
+    // The runs a stop ended: an answer re-opens only a run a question ended.
+    let mut stopped_runs: BTreeSet<&str> = BTreeSet::new();
     let mut first_visible_at = None;
     for event in events {
         first_visible_at = first_visible_at.or(event.created_at.ok());
@@ -396,6 +399,12 @@ fn build<'a>(
                 }
             }
             Body::HitlAnswer(answer) => {
+                // aihub's answer carries its question's run id, and the agent goes on with that run: the answer
+                // re-opens a run its question ended ([design 3.1](../docs/design.md#3.1)).
+                let run = event.key.run_id();
+                if !stopped_runs.contains(run) {
+                    finished_runs.remove(run);
+                }
                 transcript.start_user_segment(display);
                 match answer {
                     Ok(text) => transcript.add_user_parts(
@@ -424,6 +433,7 @@ fn build<'a>(
                 });
                 if primary.is_none() || is_primary {
                     finished_runs.insert(event.key.run_id().into());
+                    stopped_runs.insert(event.key.run_id());
                 }
                 match full_answer {
                     _ if primary.is_none() => Fate::Stop(StopFate::NoIdentity),

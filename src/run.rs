@@ -21,8 +21,9 @@ pub const STALLED_AFTER: Duration = Duration::from_secs(120);
 /// A part of an assistant message, in projector order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunPart {
-    /// Text (chunks, and what a stop supplied by the prefix rule) up to the next question or the message's end.
-    Text(String),
+    /// Text (chunks, and what a stop supplied by the prefix rule) up to the next question or the message's end, and
+    /// the byte length of each event's piece of it, in projector order.
+    Text { text: String, pieces: Vec<u32> },
     /// A HITL question: its event's id and its text.
     Question { event_id: Box<str>, text: String },
 }
@@ -64,18 +65,22 @@ enum Ended {
     Stop,
 }
 
-/// The thread's latest run: the last run to join the last message, when that is an assistant message.
+/// A run that wrote an assistant message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LatestRun {
+pub struct Run {
     pub run_id: Box<str>,
-    /// The message it writes (an index into the history).
+    /// The assistant messages it joined, in order (indexes into the history).
+    pub messages: Vec<usize>,
+    /// The last of them, and that message's item id.
     pub message: usize,
+    pub item_id: String,
     ended: Ended,
-    /// `created_at` (nanoseconds) of its latest event the projector met.
+    /// `created_at` (nanoseconds) of its first and latest events the projector met.
+    pub first_event_ns: Option<i64>,
     pub last_event_ns: Option<i64>,
 }
 
-impl LatestRun {
+impl Run {
     /// The run's state at `now_ns` (nanoseconds since the Unix epoch).
     pub fn state(&self, now_ns: i64) -> RunState {
         match self.ended {
@@ -98,7 +103,11 @@ pub struct Runs {
     /// Per message of the history: an assistant message's parts (their texts concatenated are its text); empty
     /// for a user message.
     pub parts: Vec<Vec<RunPart>>,
-    pub latest: Option<LatestRun>,
+    /// Every run that wrote an assistant message, in the order their messages come (a run that joined several,
+    /// at its last).
+    pub runs: Vec<Run>,
+    /// The thread's latest run: the last run to join the last message, when that is an assistant message.
+    pub latest: Option<Run>,
 }
 
 /// The run model of `projection`, from the `trace` the projector recorded with it.
@@ -130,44 +139,74 @@ pub fn runs(projection: &Projection, trace: &Trace<'_>) -> Runs {
             _ => {}
         }
     }
+    // Each run with the assistant messages it joined.
+    let mut joined: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (at, provenance) in projection.provenance.iter().enumerate() {
+        if !assistant(at) {
+            continue;
+        }
+        for run in &provenance.runs {
+            match joined.iter_mut().find(|(id, _)| *id == &*run.run_id) {
+                Some((_, messages)) => messages.push(at),
+                None => joined.push((&run.run_id, vec![at])),
+            }
+        }
+    }
+    joined.sort_by_key(|(_, messages)| messages.last().copied());
+    let runs: Vec<Run> = joined
+        .into_iter()
+        .map(|(run_id, messages)| run_of(projection, trace, messages, run_id))
+        .collect();
     let latest = messages
         .len()
         .checked_sub(1)
         .filter(|&last| assistant(last))
         .and_then(|last| {
             let run = projection.provenance.get(last)?.runs.last()?;
-            Some(latest_run(projection, trace, last, &run.run_id))
+            runs.iter().find(|r| r.run_id == run.run_id).cloned()
         });
-    Runs { parts, latest }
-}
-
-/// Appends `text` to the message's open text block, or opens one.
-fn push_text(parts: &mut Vec<RunPart>, text: &str) {
-    match parts.last_mut() {
-        Some(RunPart::Text(open)) => open.push_str(text),
-        _ => parts.push(RunPart::Text(text.to_owned())),
+    Runs {
+        parts,
+        runs,
+        latest,
     }
 }
 
-/// Run `run_id`, writing message `message`: how it ended (the last of its events that may end it, in projector
-/// order, when the projector counts it finished), and when its latest event was created.
-fn latest_run(
-    projection: &Projection,
-    trace: &Trace<'_>,
-    message: usize,
-    run_id: &str,
-) -> LatestRun {
+/// Appends `text` (one event's piece) to the message's open text block, or opens one.
+fn push_text(parts: &mut Vec<RunPart>, text: &str) {
+    let piece = u32::try_from(text.len()).unwrap_or(u32::MAX);
+    match parts.last_mut() {
+        Some(RunPart::Text { text: open, pieces }) => {
+            open.push_str(text);
+            pieces.push(piece);
+        }
+        _ => parts.push(RunPart::Text {
+            text: text.to_owned(),
+            pieces: vec![piece],
+        }),
+    }
+}
+
+/// Run `run_id`, which joined `messages`: how it ended (the last of its events that may end it, in
+/// projector order, when the projector counts it finished), and when its first and latest events were created.
+fn run_of(projection: &Projection, trace: &Trace<'_>, messages: Vec<usize>, run_id: &str) -> Run {
+    let message = messages.last().copied().unwrap_or_default();
     let mut ended = Ended::No;
+    let mut first_event_ns = None;
     let mut last_event_ns = None;
     for (event, fate) in trace.iter().filter(|(e, _)| e.key.run_id() == run_id) {
         if matches!(fate, Fate::DisplayNotVisible) {
             continue;
         }
         if let Ok(at) = event.created_at {
+            first_event_ns = Some(first_event_ns.map_or(at, |first: i64| first.min(at)));
             last_event_ns = last_event_ns.max(Some(at));
         }
         match (&event.body, fate) {
+            (_, _) if ended == Ended::Stop => {}
             (Body::HitlQuestion(_), _) => ended = Ended::Question,
+            // The answer carries the question's run id: the run goes on.
+            (Body::HitlAnswer(_), _) => ended = Ended::No,
             (Body::Stop(_), Fate::Stop(StopFate::NotPrimary)) => {}
             (Body::Stop(_), _) => ended = Ended::Stop,
             _ => {}
@@ -176,10 +215,17 @@ fn latest_run(
     if !projection.finished_runs.contains(run_id) {
         ended = Ended::No;
     }
-    LatestRun {
+    Run {
         run_id: run_id.into(),
+        messages,
         message,
+        item_id: projection
+            .provenance
+            .get(message)
+            .map(crate::project::Provenance::id)
+            .unwrap_or_default(),
         ended,
+        first_event_ns,
         last_event_ns,
     }
 }
@@ -239,12 +285,19 @@ mod tests {
         (projection, runs)
     }
 
+    fn text_part(text: &str, pieces: &[u32]) -> RunPart {
+        RunPart::Text {
+            text: text.into(),
+            pieces: pieces.to_vec(),
+        }
+    }
+
     /// The parts' texts concatenated: the message's text.
     fn text(parts: &[RunPart]) -> String {
         parts
             .iter()
             .map(|p| match p {
-                RunPart::Text(t) => t.as_str(),
+                RunPart::Text { text, .. } => text.as_str(),
                 RunPart::Question { text, .. } => text.as_str(),
             })
             .collect()
@@ -269,7 +322,7 @@ mod tests {
             latest.state(t0 + 1 + STALLED_AFTER.as_nanos() as i64 + 1),
             RunState::Stalled
         );
-        assert_eq!(runs.parts, vec![vec![], vec![RunPart::Text("Hel".into())]]);
+        assert_eq!(runs.parts, vec![vec![], vec![text_part("Hel", &[3])]]);
 
         events.push(chunk("r1", "c2", t0 + 2, "lo. "));
         events.push(question("r1", "q1", t0 + 3, "Proceed?"));
@@ -277,7 +330,7 @@ mod tests {
         assert_eq!(
             runs.parts[1],
             vec![
-                RunPart::Text("Hello. ".into()),
+                text_part("Hello. ", &[3, 4]),
                 RunPart::Question {
                     event_id: "q1".into(),
                     text: "Proceed?".into()
@@ -297,9 +350,24 @@ mod tests {
         events.push(chunk("r2", "c3", t0 + 5, "Do"));
         events.push(stop("A", "r2", "s2", t0 + 6, "Done."));
         let (projection, runs) = model(&events);
-        assert_eq!(runs.parts[3], vec![RunPart::Text("Done.".into())]);
+        // Two pieces: the chunk's, and the end the stop supplied.
+        assert_eq!(runs.parts[3], vec![text_part("Done.", &[2, 3])]);
         assert_eq!(text(&runs.parts[3]), message_text(&projection, 3));
-        assert_eq!(runs.latest.unwrap().state(t0), RunState::Finished);
+        assert_eq!(runs.latest.clone().unwrap().state(t0), RunState::Finished);
+        // Every run at its message, in order: the question ended r1, the stop r2.
+        let states: Vec<_> = runs
+            .runs
+            .iter()
+            .map(|r| (&*r.run_id, r.message, r.state(t0)))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                ("r1", 1, RunState::AwaitingInput),
+                ("r2", 3, RunState::Finished)
+            ]
+        );
+        assert_eq!(runs.runs[1].first_event_ns, Some(t0 + 5));
     }
 
     #[test]
@@ -316,12 +384,12 @@ mod tests {
         assert_eq!(
             runs.parts[1],
             vec![
-                RunPart::Text("a".into()),
+                text_part("a", &[1]),
                 RunPart::Question {
                     event_id: "q1".into(),
                     text: "b?".into()
                 },
-                RunPart::Text("c".into()),
+                text_part("c", &[1]),
             ]
         );
         assert_eq!(text(&runs.parts[1]), message_text(&projection, 1));
@@ -329,10 +397,52 @@ mod tests {
         assert_eq!(runs.latest.unwrap().state(t0), RunState::AwaitingInput);
     }
 
+    /// aihub's answer carries its question's run id, and the agent goes on with that run.
+    fn answer_of(run: &str, id: &str, at: i64, text: &str) -> ViewEvent {
+        live_event(
+            &format!("agent.UserAgent.u.t.d.{run}.display_event.HumanInTheLoopChatResponseEvent.{id}"),
+            &serde_json::json!({"_parent_event_names": ["HumanInTheLoopResponseEvent"], "created_at": at,
+                "response": text})
+            .to_string(),
+        )
+    }
+
+    #[test]
+    fn an_answer_reopens_the_run_its_question_ended_and_only_a_stop_ends_it_for_good() {
+        let t0 = 1_000 * SECOND;
+        let mut events = vec![
+            user("d", "u1", t0, "Q"),
+            chunk("r1", "c1", t0 + 1, "a"),
+            question("r1", "q1", t0 + 2, "b?"),
+        ];
+        let (projection, runs) = model(&events);
+        assert!(projection.finished_runs.contains("r1"));
+        assert_eq!(runs.latest.unwrap().state(t0), RunState::AwaitingInput);
+        events.push(answer_of("r1", "h1", t0 + 3, "yes"));
+        events.push(chunk("r1", "c2", t0 + 4, "c"));
+        let (projection, runs) = model(&events);
+        assert!(
+            !projection.finished_runs.contains("r1"),
+            "answered, the run goes on"
+        );
+        assert!(projection.provenance[3].in_progress());
+        let latest = runs.latest.unwrap();
+        assert_eq!((latest.message, latest.state(t0)), (3, RunState::Running));
+        events.push(stop("A", "r1", "s1", t0 + 5, "c"));
+        events.push(answer_of("r1", "h2", t0 + 6, "late answer"));
+        let (projection, runs) = model(&events);
+        assert!(
+            projection.finished_runs.contains("r1"),
+            "a stop ends it for good"
+        );
+        assert_eq!(runs.runs[0].state(t0), RunState::Finished);
+    }
+
     #[test]
     fn a_thread_without_an_assistant_message_last_has_no_latest_run() {
         let (_, runs) = model(&[user("d", "u1", 1, "Q")]);
         assert_eq!(runs.latest, None);
+        assert!(runs.runs.is_empty());
         assert_eq!(runs.parts, vec![Vec::<RunPart>::new()]);
         assert_eq!(model(&[]).1, Runs::default());
     }

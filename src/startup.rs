@@ -402,7 +402,10 @@ mod tests {
             ("history_view_feed_events_total", &["kind"]),
             ("history_view_feed_resumes_total", &["outcome"]),
             ("history_view_feed_coalesced_changes_total", &[]),
-            ("history_view_resume_requests_total", &["outcome"]),
+            (
+                "history_view_resume_requests_total",
+                &["dialect", "outcome"],
+            ),
             ("history_view_warm_threads", &["state"]),
             ("history_view_trace_spans_dropped_total", &[]),
         ];

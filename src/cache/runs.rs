@@ -4,7 +4,7 @@
 
 use crate::decode::Part;
 use crate::project::{Projection, Role, Trace};
-use crate::run::{LatestRun, RunPart, runs};
+use crate::run::{Run, RunPart, runs};
 
 /// One message as the resume dialects show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,11 +18,13 @@ pub struct RunMessage {
     pub parts: Vec<RunPart>,
 }
 
-/// An answer's messages and its latest run.
+/// An answer's messages, its runs and its latest run.
 #[derive(Debug, Default)]
 pub struct RunView {
     pub messages: Vec<RunMessage>,
-    pub latest: Option<LatestRun>,
+    /// Every run that wrote an assistant message ([`crate::run::Runs::runs`]).
+    pub runs: Vec<Run>,
+    pub latest: Option<Run>,
 }
 
 impl RunView {
@@ -46,6 +48,7 @@ impl RunView {
             .collect();
         Self {
             messages,
+            runs: model.runs,
             latest: model.latest,
         }
     }
@@ -53,22 +56,29 @@ impl RunView {
     /// Bytes held, for the cache's weigher.
     pub fn bytes(&self) -> usize {
         64 + self
-            .messages
+            .runs
             .iter()
-            .map(|m| {
-                96 + m.id.len()
-                    + m.user.iter().map(part_bytes).sum::<usize>()
-                    + m.parts
-                        .iter()
-                        .map(|p| match p {
-                            RunPart::Text(text) => 40 + text.len(),
-                            RunPart::Question { event_id, text } => {
-                                56 + event_id.len() + text.len()
-                            }
-                        })
-                        .sum::<usize>()
-            })
+            .map(|r| 96 + r.run_id.len() + r.item_id.len())
             .sum::<usize>()
+            + self
+                .messages
+                .iter()
+                .map(|m| {
+                    96 + m.id.len()
+                        + m.user.iter().map(part_bytes).sum::<usize>()
+                        + m.parts
+                            .iter()
+                            .map(|p| match p {
+                                RunPart::Text { text, pieces } => {
+                                    48 + text.len() + 4 * pieces.len()
+                                }
+                                RunPart::Question { event_id, text } => {
+                                    56 + event_id.len() + text.len()
+                                }
+                            })
+                            .sum::<usize>()
+                })
+                .sum::<usize>()
     }
 }
 

@@ -50,6 +50,9 @@ pub enum ApiError {
     /// A conversation of a thread without a client-visible display.
     #[error("no conversation with this id (the thread has no client-visible display)")]
     NoConversation,
+    /// A response (a run) the thread's answer does not hold.
+    #[error("no response with this id in the thread (no run of that id wrote a message)")]
+    NoResponse,
     /// `verify` of a thread this worker does not hold in its cache.
     #[error("the thread is not in this worker's cache; nothing to verify")]
     NotCached,
@@ -97,7 +100,7 @@ impl ApiError {
             ApiError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::InvalidCursor => (StatusCode::BAD_REQUEST, "invalid_cursor"),
-            ApiError::NoConversation => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::NoConversation | ApiError::NoResponse => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::NotCached => (StatusCode::NOT_FOUND, "thread_not_cached"),
             ApiError::OwnerUnreachable => (StatusCode::SERVICE_UNAVAILABLE, "owner_unreachable"),
             ApiError::Misdirected => (StatusCode::MISDIRECTED_REQUEST, "misdirected"),
@@ -120,6 +123,7 @@ impl ApiError {
             | ApiError::Unauthorized
             | ApiError::NotFound
             | ApiError::NoConversation
+            | ApiError::NoResponse
             | ApiError::NotCached
             | ApiError::MethodNotAllowed
             | ApiError::Misdirected
@@ -274,6 +278,7 @@ mod tests {
             ApiError::Unauthorized,
             ApiError::NotFound,
             ApiError::NoConversation,
+            ApiError::NoResponse,
             ApiError::NotCached,
             ApiError::MethodNotAllowed,
             ApiError::Misdirected,

@@ -119,14 +119,22 @@ async fn open(
         let event = feed.next().await?;
         Some((Ok::<_, Infallible>(event), feed))
     });
+    Ok(sse(events))
+}
+
+/// A long response of Server-Sent Events (a feed, a resume stream): a keep-alive comment after [`KEEP_ALIVE`] of
+/// silence, and never stored (axum's `Sse` says `no-cache`).
+pub(super) fn sse<S>(events: S) -> Response
+where
+    S: futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
     let mut response = Sse::new(events)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response();
-    // axum's Sse says `no-cache`; a feed must not be stored at all.
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(response)
+    response
 }
 
 /// A feed's resume ([design 3.2](../../docs/design.md#3.2)): the message digests of the answer `Last-Event-ID`

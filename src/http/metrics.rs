@@ -126,6 +126,26 @@ impl FeedEvent {
     }
 }
 
+/// The dialect a resume request speaks (`dialect` of `history_view_resume_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeDialect {
+    /// The Vercel AI SDK's UI message stream (`ui-message-stream`).
+    UiMessageStream,
+    /// OpenAI Responses streaming (`responses/{run_id}?stream=true`).
+    Responses,
+}
+
+impl ResumeDialect {
+    pub const ALL: [ResumeDialect; 2] = [ResumeDialect::UiMessageStream, ResumeDialect::Responses];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ResumeDialect::UiMessageStream => "ui_message_stream",
+            ResumeDialect::Responses => "responses",
+        }
+    }
+}
+
 /// What a resume request answered (`outcome` of `history_view_resume_requests_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResumeOutcome {
@@ -235,10 +255,10 @@ impl HttpMetrics {
             ),
             resumes: registrar.counter_vec(
                 "history_view_resume_requests_total",
-                "Requests to resume a running answer (ui-message-stream) answered here, by outcome: streamed (the \
-                 thread's latest run had not finished: replayed, then followed), idle (nothing to resume: 204 or a \
-                 lone finish). Refusals and errors are counted as API errors.",
-                &["outcome"],
+                "Requests to resume a running answer answered here, by dialect (ui_message_stream, responses) and \
+                 outcome: streamed (replayed, then followed while the run runs), idle (nothing to resume: a \
+                 ui-message-stream's 204 or lone finish). Refusals and errors are counted as API errors.",
+                &["dialect", "outcome"],
             ),
             ready: registrar.gauge_vec(
                 "history_view_ready",
@@ -261,10 +281,13 @@ impl HttpMetrics {
         preset(&metrics.read_errors, &READ_ERROR_CODES);
         preset(&metrics.feed_events, &FeedEvent::ALL.map(FeedEvent::label));
         preset(&metrics.feed_resumes, &FeedEvent::ALL.map(FeedEvent::label));
-        preset(
-            &metrics.resumes,
-            &ResumeOutcome::ALL.map(ResumeOutcome::label),
-        );
+        for dialect in ResumeDialect::ALL {
+            for outcome in ResumeOutcome::ALL {
+                metrics
+                    .resumes
+                    .with_label_values(&[dialect.label(), outcome.label()]);
+            }
+        }
         preset(&metrics.ready, &READY_COMPONENTS);
         metrics
     }
@@ -327,9 +350,11 @@ impl HttpMetrics {
             .inc();
     }
 
-    /// A resume request answered with `outcome`.
-    pub fn resume(&self, outcome: ResumeOutcome) {
-        self.resumes.with_label_values(&[outcome.label()]).inc();
+    /// A resume request in `dialect` answered with `outcome`.
+    pub fn resume(&self, dialect: ResumeDialect, outcome: ResumeOutcome) {
+        self.resumes
+            .with_label_values(&[dialect.label(), outcome.label()])
+            .inc();
     }
 
     /// Readiness as `/readyz` sees it now (set when `/metrics` is scraped).

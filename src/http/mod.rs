@@ -13,6 +13,7 @@ mod listeners;
 mod metrics;
 mod operations;
 mod read;
+mod responses;
 mod resume;
 mod route;
 mod serve;
@@ -121,6 +122,10 @@ pub fn router_with(state: AppState, history: MethodRouter<AppState>) -> Router {
         .route(
             "/v1/threads/{thread_id}/ui-message-stream",
             get(resume::ui_message_stream),
+        )
+        .route(
+            "/v1/threads/{thread_id}/responses/{run_id}",
+            get(responses::get_response),
         )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     // Every API answer passes `count_errors`, and runs inside its server span (outermost, so that refusals by the

@@ -91,9 +91,12 @@ impl<S: Send + Sync> FromRequestParts<S> for ThreadRequest {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(raw_id) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|_| ApiError::InvalidThreadId("is not valid UTF-8"))?;
+        // By name: a path may hold more than the thread (a response's run id).
+        let Path(mut path) =
+            Path::<std::collections::HashMap<String, String>>::from_request_parts(parts, state)
+                .await
+                .map_err(|_| ApiError::InvalidThreadId("is not valid UTF-8"))?;
+        let raw_id = path.remove("thread_id").unwrap_or_default();
         check_query(parts.uri.query())?;
         let Query(query) = Query::<HistoryQuery>::try_from_uri(&parts.uri)
             .map_err(|e| ApiError::InvalidQuery(e.body_text()))?;

@@ -12,11 +12,10 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::stream;
@@ -24,8 +23,8 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::feed::{FEED, StreamSlot};
-use super::metrics::{HttpRefusal, ResumeOutcome};
+use super::feed::{FEED, StreamSlot, sse};
+use super::metrics::{HttpRefusal, ResumeDialect, ResumeOutcome};
 use super::read::{Read, Seen, ThreadRequest, next_change, read, respond};
 use super::route::{Forward, route};
 use super::{ApiError, AppState};
@@ -39,9 +38,6 @@ pub const UI_STREAM_HEADER: &str = "x-vercel-ai-ui-message-stream";
 
 /// The tool name a HITL question is shown under (a dynamic tool call with input `{question}` and no output).
 pub const QUESTION_TOOL: &str = "human_input";
-
-/// A keep-alive comment after this much silence (the SDK ignores comments).
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// What an idle resume (nothing resumable) answers: `idle=no_content` (the default, 204) or `idle=finish` (200, a
 /// lone `finish`, for transports that loop on 204).
@@ -69,7 +65,7 @@ fn idle_answer(request: &ThreadRequest) -> Result<Idle, ApiError> {
 }
 
 /// A query's decoded name and value pairs.
-fn url_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
+pub(super) fn url_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
     query.split('&').filter(|p| !p.is_empty()).map(|pair| {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let decode = |s: &str| {
@@ -82,7 +78,7 @@ fn url_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
 }
 
 /// The wall clock in nanoseconds since the Unix epoch (a run's state is judged on its events' `created_at`).
-fn now_ns() -> i64 {
+pub(super) fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
@@ -121,7 +117,9 @@ pub async fn ui_message_stream(
         .await
         .map_err(|error| ApiError::from_read(error, &thread))?;
     let Some((message, run_state)) = resumable(&answer.body, now_ns()) else {
-        state.metrics.resume(ResumeOutcome::Idle);
+        state
+            .metrics
+            .resume(ResumeDialect::UiMessageStream, ResumeOutcome::Idle);
         return Ok(match idle {
             Idle::NoContent => StatusCode::NO_CONTENT.into_response(),
             Idle::Finish => sse_response(stream::iter(
@@ -133,7 +131,9 @@ pub async fn ui_message_stream(
         state.metrics.refused(HttpRefusal::Streams);
         return Err(ApiError::Overloaded);
     };
-    state.metrics.resume(ResumeOutcome::Streamed);
+    state
+        .metrics
+        .resume(ResumeDialect::UiMessageStream, ResumeOutcome::Streamed);
     let mut resume = Resume {
         views: state.views.clone(),
         thread,
@@ -159,12 +159,9 @@ fn sse_response<S>(events: S) -> Response
 where
     S: futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static,
 {
-    let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-        .into_response();
+    let mut response = sse(events);
     let headers = response.headers_mut();
     headers.insert(UI_STREAM_HEADER, HeaderValue::from_static("v1"));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     response
 }
@@ -242,19 +239,22 @@ impl Resume {
         let sent = self.sent.parts.len();
         // The open block's new text ([`extends`] checked that it only grew).
         if self.sent.open
-            && let Some(RunPart::Text(now)) = parts.get(sent - 1)
-            && let Some(RunPart::Text(before)) = self.sent.parts.last_mut()
-            && now.len() > before.len()
+            && let Some(now @ RunPart::Text { text: grown, .. }) = parts.get(sent - 1)
+            && let Some(before) = self.sent.parts.last_mut()
+            && let RunPart::Text {
+                text: sent_text, ..
+            } = &*before
+            && grown.len() > sent_text.len()
         {
             let delta = json!({"type": "text-delta", "id": text_id(&self.sent.id, sent - 1),
-                "delta": &now[before.len()..]});
+                "delta": &grown[sent_text.len()..]});
             before.clone_from(now);
             self.push(delta);
         }
         for (at, part) in parts.iter().enumerate().skip(sent) {
             self.close_text();
             match part {
-                RunPart::Text(text) => {
+                RunPart::Text { text, .. } => {
                     let id = text_id(&self.sent.id, at);
                     self.push(json!({"type": "text-start", "id": id}));
                     if !text.is_empty() {
@@ -381,7 +381,7 @@ fn extends(sent: &Sent, parts: &[RunPart]) -> bool {
         return false;
     }
     match (&sent.parts[last], &parts[last]) {
-        (RunPart::Text(before), RunPart::Text(now)) if sent.open => {
+        (RunPart::Text { text: before, .. }, RunPart::Text { text: now, .. }) if sent.open => {
             now.starts_with(before.as_str())
         }
         (before, now) => before == now,
@@ -423,7 +423,9 @@ pub fn ui_message(message: &RunMessage) -> Value {
         Role::User => message.user.iter().map(user_part).collect(),
         Role::Assistant => std::iter::once(json!({"type": "step-start"}))
             .chain(message.parts.iter().map(|part| match part {
-                RunPart::Text(text) => json!({"type": "text", "text": text, "state": "done"}),
+                RunPart::Text { text, .. } => {
+                    json!({"type": "text", "text": text, "state": "done"})
+                }
                 RunPart::Question { event_id, text } => json!({
                     "type": "dynamic-tool",
                     "toolName": QUESTION_TOOL,
@@ -467,7 +469,10 @@ mod tests {
     use super::*;
 
     fn text(t: &str) -> RunPart {
-        RunPart::Text(t.into())
+        RunPart::Text {
+            text: t.into(),
+            pieces: vec![],
+        }
     }
 
     fn question(id: &str) -> RunPart {

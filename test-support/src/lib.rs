@@ -18,6 +18,7 @@
 pub mod browser;
 pub mod class_streams;
 pub mod hot_thread;
+pub mod json_lines;
 pub mod memory;
 pub mod otlp;
 pub mod process;

@@ -81,6 +81,8 @@ mod sdk;
 mod feed;
 // Resuming a running answer with the real AI SDK (tests/clients/ui_resume.mjs).
 mod resume;
+// Resuming a run with the official OpenAI Python SDK's Responses streaming (tests/clients/responses_resume.py).
+mod responses;
 // Warm restarts: the hot set handed over through a NATS key-value bucket and hydrated before ready.
 mod warm;
 // Trace continuation: a read's spans in the caller's trace down to the store and through a forward, ingested events'

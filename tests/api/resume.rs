@@ -5,91 +5,47 @@
 //! item of its message (same id, same text, the question as its dynamic tool call, nothing doubled or missing);
 //! and once a run finished the resume is idle and the `UIMessage` list ends with that item.
 
-use std::collections::HashMap;
-use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::oneshot;
+use test_support::json_lines::JsonLines;
 
 use crate::helpers::{Api, TestApp, spawn_app};
 use test_support::rows::{self, Event};
 
-const PRIMARY: (&str, &str) = ("A", "a1");
-const THREADS: usize = 100;
+pub const PRIMARY: (&str, &str) = ("A", "a1");
+const THREADS: usize = 120;
 
-/// The Node client (tests/clients/ui_resume.mjs) with the AI SDK, one command a line, answered by id.
-struct SdkClient {
-    stdin: tokio::sync::Mutex<tokio::process::ChildStdin>,
-    waiting: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>>,
-    next: AtomicU64,
-    _child: tokio::process::Child,
-}
+/// The Node client (tests/clients/ui_resume.mjs) with the AI SDK.
+struct SdkClient(JsonLines);
 
 impl SdkClient {
     fn start() -> Self {
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/");
-        let mut child = tokio::process::Command::new("node")
-            .arg(format!("{root}tests/clients/ui_resume.mjs"))
-            .env("NODE_CLIENTS_DIR", format!("{root}.tools/node"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect(
-                "node (the AI SDK client; scripts/services.sh install puts the SDK in .tools/node)",
-            );
-        let waiting: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let answers = Arc::clone(&waiting);
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                let reply: Value = serde_json::from_str(&line).expect("a JSON line");
-                let id = reply["id"].as_u64().expect("its id");
-                if let Some(sender) = answers.lock().unwrap().remove(&id) {
-                    let _ = sender.send(reply);
-                }
-            }
-        });
-        Self {
-            stdin: tokio::sync::Mutex::new(child.stdin.take().unwrap()),
-            waiting,
-            next: AtomicU64::new(0),
-            _child: child,
-        }
+        let mut node = tokio::process::Command::new("node");
+        node.arg(format!("{root}tests/clients/ui_resume.mjs"))
+            .env("NODE_CLIENTS_DIR", format!("{root}.tools/node"));
+        Self(JsonLines::start(node))
     }
 
     /// One resume of `thread` through `api`, disconnecting after `abort_after` message snapshots when given.
     async fn resume(&self, api: &Api, thread: &str, abort_after: Option<u32>) -> Value {
-        let id = self.next.fetch_add(1, Ordering::SeqCst);
-        let (sender, answer) = oneshot::channel();
-        self.waiting.lock().unwrap().insert(id, sender);
         let url = format!(
             "{}/v1/threads/{thread}/ui-message-stream?agent_class={}&agent_id={}",
             api.address, PRIMARY.0, PRIMARY.1
         );
-        let command = json!({"id": id, "url": url, "chat": thread, "abort_after": abort_after});
-        let mut stdin = self.stdin.lock().await;
-        stdin
-            .write_all(format!("{command}\n").as_bytes())
-            .await
-            .unwrap();
-        stdin.flush().await.unwrap();
-        drop(stdin);
-        test_support::wait::within("the SDK's resume", Duration::from_secs(60), answer)
-            .await
-            .expect("an answer")
+        let command = json!({"url": url, "chat": thread, "abort_after": abort_after});
+        self.0.ask(command, Duration::from_secs(60)).await
     }
 }
 
 /// splitmix64.
-struct Rng(u64);
+pub struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -97,15 +53,15 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }
 
 /// A random conversation on `thread`: a question, a run streaming chunks (now and then one that sorts before the
-/// chunk published before it), maybe a HITL question answered by the user and a second run, each run ending with a
-/// stop whose answer may hold an unstreamed end. Rows in publish order.
-fn conversation(thread: &str, rng: &mut Rng) -> Vec<Value> {
+/// chunk published before it), maybe a HITL question answered by the user after which the run goes on in a new
+/// message, ending with a stop whose answer may hold an unstreamed end. Rows in publish order.
+pub fn conversation(thread: &str, rng: &mut Rng) -> Vec<Value> {
     let base = i64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -144,9 +100,11 @@ fn conversation(thread: &str, rng: &mut Rng) -> Vec<Value> {
         at,
         rows::user_message("[q]hello"),
     ));
-    let runs = 1 + rng.below(2);
-    for r in 0..runs {
-        let run = format!("r{r}");
+    // One run, as aihub's agent goes on with its run once its HITL question is answered (the answer carries the
+    // question's run id); a segment per assistant message.
+    let run = "r0".to_owned();
+    let segments = 1 + rng.below(2);
+    for r in 0..segments {
         // Chunks in projector order (created_at), to compute what streamed for the prefix rule.
         let mut streamed: Vec<(i64, String)> = Vec::new();
         let chunks = 3 + rng.below(8);
@@ -171,7 +129,7 @@ fn conversation(thread: &str, rng: &mut Rng) -> Vec<Value> {
         }
         streamed.sort();
         let streamed: String = streamed.into_iter().map(|(_, t)| t).collect();
-        let asks = r + 1 < runs;
+        let asks = r + 1 < segments;
         if asks {
             at += 1_000_000;
             rows_out.push(row(
@@ -185,7 +143,7 @@ fn conversation(thread: &str, rng: &mut Rng) -> Vec<Value> {
             at += 1_000_000;
             rows_out.push(row(
                 ("UserAgent", "user-1"),
-                "ru",
+                &run,
                 "HumanInTheLoopChatResponseEvent",
                 rows::HITL_CHAT_RESPONSE,
                 at,
@@ -223,7 +181,7 @@ fn ui_text(message: &Value) -> String {
 }
 
 /// The thread's Conversations items with the primary identity, as `(id, text)` (a thread here has fewer than 100).
-async fn items(api: &Api, thread: &str) -> Vec<(String, String)> {
+pub async fn items(api: &Api, thread: &str) -> Vec<(String, String)> {
     let query = format!("agent_class={}&agent_id={}", PRIMARY.0, PRIMARY.1);
     let reply = api
         .get(
@@ -250,6 +208,46 @@ async fn items(api: &Api, thread: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The run's seed: `RESUME_SEED` if set (to replay one), else the time; printed.
+pub fn seed() -> u64 {
+    let seed = std::env::var("RESUME_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("RESUME_SEED={seed}");
+    seed
+}
+
+/// `count` random conversations on threads `<prefix>-<n>`, each opened by its user's question and read once, as a
+/// chat page has read it before the answer comes (its view complete, so that what follows reads held threads):
+/// each thread with its generator and the rest of its rows.
+pub async fn open_threads(
+    app: &TestApp,
+    prefix: &str,
+    count: usize,
+    seed: u64,
+) -> Vec<(String, Rng, Vec<Value>)> {
+    let mut conversations = Vec::new();
+    for t in 0..count {
+        let thread = format!("{prefix}-{t}");
+        let mut rng = Rng(seed ^ (t as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
+        let mut rows = conversation(&thread, &mut rng);
+        let question = rows.remove(0);
+        app.store.insert_rows(std::slice::from_ref(&question)).await;
+        rows::publish(&app.publisher, std::slice::from_ref(&question)).await;
+        conversations.push((thread, rng, rows));
+    }
+    for (thread, _, _) in &conversations {
+        crate::scene::read_until_cache(&app.api, thread, "").await;
+    }
+    conversations
+}
+
 #[derive(Default)]
 struct Counts {
     resumes: AtomicUsize,
@@ -273,7 +271,7 @@ async fn follow(
     let mut rng = Rng(seed);
     let mut last_full: Option<Value> = None;
     loop {
-        let abort_after = (rng.below(10) > 0).then(|| 1 + rng.below(4) as u32);
+        let abort_after = (rng.below(10) > 0).then(|| 1 + rng.below(3) as u32);
         let reply = sdk.resume(&app.api, thread, abort_after).await;
         counts.resumes.fetch_add(1, Ordering::SeqCst);
         if let Some(error) = reply["error"].as_str() {
@@ -337,33 +335,9 @@ async fn the_ai_sdk_resumes_random_runs_at_random_disconnect_points_without_a_pa
     let app = Arc::new(spawn_app().await);
     let sdk = Arc::new(SdkClient::start());
     let counts = Arc::new(Counts::default());
-    let seed = std::env::var("RESUME_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("RESUME_SEED={seed}");
+    let seed = seed();
     let mut tasks = Vec::new();
-    let threads = THREADS;
-    // Each thread opened by its user's question and read once, as a chat page has read it before the answer comes
-    // (its view complete), so that the resumes below are of held threads.
-    let mut conversations = Vec::new();
-    for t in 0..threads {
-        let thread = format!("resume-{t}");
-        let mut rng = Rng(seed ^ (t as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
-        let mut rows = conversation(&thread, &mut rng);
-        let question = rows.remove(0);
-        app.store.insert_rows(std::slice::from_ref(&question)).await;
-        rows::publish(&app.publisher, std::slice::from_ref(&question)).await;
-        conversations.push((thread, rng, rows));
-    }
-    for (thread, _, _) in &conversations {
-        crate::scene::read_until_cache(&app.api, thread, "").await;
-    }
+    let conversations = open_threads(&app, "resume", THREADS, seed).await;
     for (thread, mut rng, rows) in conversations {
         let (done, published) = tokio::sync::watch::channel(false);
         let (app_p, rows_p, pace) = (Arc::clone(&app), rows.clone(), rng.next());
@@ -440,7 +414,7 @@ async fn the_ai_sdk_resumes_random_runs_at_random_disconnect_points_without_a_pa
     assert!(
         crate::helpers::metric(
             &metrics,
-            "history_view_resume_requests_total{outcome=\"streamed\"}"
+            "history_view_resume_requests_total{dialect=\"ui_message_stream\",outcome=\"streamed\"}"
         ) >= 1_000.0,
         "{metrics}"
     );
@@ -498,7 +472,7 @@ async fn an_idle_thread_answers_204_or_a_lone_finish_and_bad_options_are_refused
     assert_eq!(
         crate::helpers::metric(
             &metrics,
-            "history_view_resume_requests_total{outcome=\"idle\"}"
+            "history_view_resume_requests_total{dialect=\"ui_message_stream\",outcome=\"idle\"}"
         ),
         2.0
     );
