@@ -26,6 +26,7 @@ mod p10_pages;
 mod p11_feed;
 mod p12_witness;
 mod p13_warm_restart;
+mod p14_resume;
 mod p1_ingest;
 mod p1j_jetstream;
 mod p2_cache_reads;
@@ -103,6 +104,7 @@ async fn run_all(setup: Arc<Setup>) -> Vec<Row> {
     rows.extend(measure(&setup, "P11", p11_feed::run).await);
     rows.extend(measure(&setup, "P12", p12_witness::run).await);
     rows.extend(measure(&setup, "P13", p13_warm_restart::run).await);
+    rows.extend(measure(&setup, "P14", p14_resume::run).await);
     rows
 }
 
