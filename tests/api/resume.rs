@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use test_support::json_lines::JsonLines;
 
-use crate::helpers::{Api, TestApp, spawn_app};
+use crate::helpers::{Api, TestApp, spawn_app, spawn_app_with};
 use test_support::rows::{self, Event};
 
 pub const PRIMARY: (&str, &str) = ("A", "a1");
@@ -677,4 +677,111 @@ async fn a_live_stream_appends_deltas_then_ends_on_the_question() {
         "{}",
         listed.body
     );
+}
+
+/// Opens the UI message stream of `thread`'s running answer (its view held complete) and reads its replay up to
+/// the open block's delta.
+async fn open_running(app: &TestApp, thread: &str) -> (reqwest::Response, String) {
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    )
+    .unwrap();
+    let rows = vec![
+        Event {
+            agent: ("UserAgent", "user-1"),
+            thread,
+            display: "d1",
+            run: "r0",
+            event_id: "e1",
+            name: "UserMessageEvent",
+            parents: rows::USER_MESSAGE,
+            created_at: now,
+        }
+        .row(rows::user_message("[q]hi")),
+        Event {
+            agent: PRIMARY,
+            thread,
+            display: "d1",
+            run: "r0",
+            event_id: "e2",
+            name: "ChunkEvent",
+            parents: rows::CHUNK,
+            created_at: now + 1,
+        }
+        .row(rows::chunk("Hel")),
+    ];
+    app.store.insert_rows(&rows).await;
+    rows::publish(&app.publisher, &rows).await;
+    app.api.wait_for_events(2).await;
+    crate::scene::read_until_cache(&app.api, thread, "").await;
+    let url = format!(
+        "{}/v1/threads/{thread}/ui-message-stream?agent_class={}&agent_id={}",
+        app.api.address, PRIMARY.0, PRIMARY.1
+    );
+    let mut response = app.api.http.get(url).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut buffer = String::new();
+    let delta = |id: &str| {
+        json!({"type": "text-delta", "id": format!("{id}_0"), "delta": "Hel"}).to_string()
+    };
+    let id = items(&app.api, thread).await[1].0.clone();
+    let replay = data_until(&mut response, &mut buffer, &delta(&id)).await;
+    assert_eq!(replay.len(), 4, "{replay:?}");
+    (response, buffer)
+}
+
+/// The worker's shutdown cuts a stream with `abort` (`shutting_down`), a thread past the limit with `error` (the
+/// history's error body); both then `[DONE]`, and the stream's slot is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_by_the_shutdown_aborts_and_one_past_the_thread_limit_errors() {
+    let mut app = spawn_app_with(|c| c.cache.max_thread_bytes = 1 << 20).await;
+    let (mut outgrown, mut outgrown_buffer) = open_running(&app, "resume-outgrown").await;
+    let (mut cut, mut cut_buffer) = open_running(&app, "resume-cut").await;
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    )
+    .unwrap();
+    // Past the limit in three chunks (a NATS message holds at most 1 MiB).
+    let big: Vec<Value> = (0..3)
+        .map(|n| {
+            Event {
+                agent: PRIMARY,
+                thread: "resume-outgrown",
+                display: "d1",
+                run: "r0",
+                event_id: &format!("big{n}"),
+                name: "ChunkEvent",
+                parents: rows::CHUNK,
+                created_at: now + n,
+            }
+            .row(rows::chunk(&"x".repeat(512 << 10)))
+        })
+        .collect();
+    app.store.insert_rows(&big).await;
+    rows::publish(&app.publisher, &big).await;
+    let ended = data_until(&mut outgrown, &mut outgrown_buffer, "[DONE]").await;
+    let error = ended
+        .iter()
+        .rev()
+        .nth(1)
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .expect("a chunk before [DONE]");
+    assert_eq!(error["type"], "error", "{ended:?}");
+    let body: Value = serde_json::from_str(error["errorText"].as_str().unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "thread_too_large", "{error}");
+
+    app.signal_stop();
+    let ended = data_until(&mut cut, &mut cut_buffer, "[DONE]").await;
+    assert_eq!(
+        ended[ended.len() - 2],
+        json!({"type": "abort", "reason": "shutting_down"}).to_string(),
+        "{ended:?}"
+    );
+    assert_eq!(ended.last().map(String::as_str), Some("[DONE]"));
 }
