@@ -60,19 +60,29 @@ pub async fn stream_history(
 ) -> Result<Response, ApiError> {
     let primary = request.identity()?;
     request.refuse_run_wait("the feed")?;
+    if let Some(response) = route_stream(&state, &request).await? {
+        return Ok(response);
+    }
     let thread = request.thread.as_str().to_owned();
-    let routed = route(
-        &state,
-        &thread,
+    open(&state, thread, primary, &request.headers).await
+}
+
+/// Routes a long response (a feed, a resume stream) among partitioned workers: the owner's stream passed on as it
+/// comes, or `None` when this worker answers it; 503 `owner_unreachable` when the owner does not answer (a stream
+/// is never answered from the store by a worker that does not receive the thread's events).
+pub(super) async fn route_stream(
+    state: &AppState,
+    request: &ThreadRequest,
+) -> Result<Option<Response>, ApiError> {
+    route(
+        state,
+        request.thread.as_str(),
         Forward::Feed,
         &request.uri,
         &request.headers,
     )
-    .await;
-    if let Some(response) = routed.without_fallback()? {
-        return Ok(response);
-    }
-    open(&state, thread, primary, &request.headers).await
+    .await
+    .without_fallback()
 }
 
 /// Opens a feed of `thread` on this worker: a stream permit, the first read (its error is the request's), the
@@ -83,10 +93,7 @@ async fn open(
     primary: Option<Identity>,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let Ok(permit) = Arc::clone(&state.streams).try_acquire_owned() else {
-        state.metrics.refused(HttpRefusal::Streams);
-        return Err(ApiError::Overloaded);
-    };
+    let slot = StreamSlot::acquire(state)?;
     // The feed starts from a complete answer, like a read: an error here is the read's error.
     let answer = state
         .views
@@ -104,7 +111,7 @@ async fn open(
         stop: state.views.stopping(),
         first: None,
         ended: false,
-        _slot: StreamSlot::new(permit, &state.metrics),
+        _slot: slot,
     };
     feed.first = match resumed {
         // The answer the client holds is known: only what changed since (nothing if nothing did).
@@ -291,12 +298,17 @@ pub(super) struct StreamSlot {
 }
 
 impl StreamSlot {
-    pub(super) fn new(permit: OwnedSemaphorePermit, metrics: &Arc<HttpMetrics>) -> Self {
-        metrics.feed_streams(1);
-        Self {
+    /// One of the `HISTORY_VIEW_HTTP_MAX_STREAMS` permits, or 503 `overloaded` (counted as refused: `streams`).
+    pub(super) fn acquire(state: &AppState) -> Result<Self, ApiError> {
+        let Ok(permit) = Arc::clone(&state.streams).try_acquire_owned() else {
+            state.metrics.refused(HttpRefusal::Streams);
+            return Err(ApiError::Overloaded);
+        };
+        state.metrics.feed_streams(1);
+        Ok(Self {
             _permit: permit,
-            metrics: metrics.clone(),
-        }
+            metrics: state.metrics.clone(),
+        })
     }
 }
 

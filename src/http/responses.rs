@@ -14,7 +14,6 @@
 //! without a cursor replays the run whole.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::response::Response;
@@ -25,8 +24,8 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::feed::{FEED, StreamSlot, sse};
-use super::metrics::{HttpRefusal, ResumeDialect, ResumeOutcome};
+use super::feed::{FEED, StreamSlot, route_stream, sse};
+use super::metrics::{ResumeDialect, ResumeOutcome};
 use super::read::{Read, Seen, ThreadRequest, next_change, read, respond};
 use super::resume::{now_ns, url_pairs};
 use super::{ApiError, AppState};
@@ -95,24 +94,32 @@ pub async fn get_response(
     let primary = request.identity()?;
     request.refuse_run_wait("a response")?;
     let asked = asked(&request)?;
-    let answer = match read::<RunView>(&state, &request, primary.as_ref(), None).await? {
-        Read::Forwarded(response) => return Ok(response),
-        Read::Answered { answer, .. } => answer,
-    };
-    let Some((run, messages)) = find(&answer.body, &run_id) else {
-        return Err(ApiError::NoResponse);
-    };
-    let run_state = run.state(now_ns());
-    let (events, response) = events(run, &messages, run_state);
     if !asked.stream {
+        // A read like the history's: forwarded whole, or from the store when the owner does not answer.
+        let answer = match read::<RunView>(&state, &request, primary.as_ref(), None).await? {
+            Read::Forwarded(response) => return Ok(response),
+            Read::Answered { answer, .. } => answer,
+        };
+        let (run, messages) = find(&answer.body, &run_id).ok_or(ApiError::NoResponse)?;
+        let (_, response) = events(run, &messages, run.state(now_ns()));
         let body = Bytes::from(response.to_string());
         let etag = crate::cache::etag_of(&body);
         return Ok(respond(&answer, &etag, body, None, &request.headers));
     }
-    let Ok(permit) = Arc::clone(&state.streams).try_acquire_owned() else {
-        state.metrics.refused(HttpRefusal::Streams);
-        return Err(ApiError::Overloaded);
-    };
+    // A long response, routed as a feed is: the owner's stream passed on as it comes.
+    if let Some(response) = route_stream(&state, &request).await? {
+        return Ok(response);
+    }
+    let thread = request.thread.as_str();
+    let answer = state
+        .views
+        .read::<RunView>(thread, primary.as_ref())
+        .await
+        .map_err(|error| ApiError::from_read(error, thread))?;
+    let (run, messages) = find(&answer.body, &run_id).ok_or(ApiError::NoResponse)?;
+    let run_state = run.state(now_ns());
+    let (events, _) = events(run, &messages, run_state);
+    let slot = StreamSlot::acquire(&state)?;
     state
         .metrics
         .resume(ResumeDialect::Responses, ResumeOutcome::Streamed);
@@ -130,7 +137,7 @@ pub async fn get_response(
         next: from,
         stop: state.views.stopping(),
         ended: false,
-        _slot: StreamSlot::new(permit, &state.metrics),
+        _slot: slot,
     };
     if run_state != RunState::Running {
         follow.ended = true;

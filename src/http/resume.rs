@@ -11,7 +11,6 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
@@ -23,10 +22,9 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::feed::{FEED, StreamSlot, sse};
-use super::metrics::{HttpRefusal, ResumeDialect, ResumeOutcome};
+use super::feed::{FEED, StreamSlot, route_stream, sse};
+use super::metrics::{ResumeDialect, ResumeOutcome};
 use super::read::{Read, Seen, ThreadRequest, next_change, read, respond};
-use super::route::{Forward, route};
 use super::{ApiError, AppState};
 use crate::cache::{Answer, AnswerSource, RunMessage, RunView};
 use crate::decode::Part;
@@ -99,18 +97,10 @@ pub async fn ui_message_stream(
     let primary = request.identity()?;
     request.refuse_run_wait("the UI message stream")?;
     let idle = idle_answer(&request)?;
-    let thread = request.thread.as_str().to_owned();
-    let routed = route(
-        &state,
-        &thread,
-        Forward::Feed,
-        &request.uri,
-        &request.headers,
-    )
-    .await;
-    if let Some(response) = routed.without_fallback()? {
+    if let Some(response) = route_stream(&state, &request).await? {
         return Ok(response);
     }
+    let thread = request.thread.as_str().to_owned();
     let answer = state
         .views
         .read::<RunView>(&thread, primary.as_ref())
@@ -127,10 +117,7 @@ pub async fn ui_message_stream(
             )),
         });
     };
-    let Ok(permit) = Arc::clone(&state.streams).try_acquire_owned() else {
-        state.metrics.refused(HttpRefusal::Streams);
-        return Err(ApiError::Overloaded);
-    };
+    let slot = StreamSlot::acquire(&state)?;
     state
         .metrics
         .resume(ResumeDialect::UiMessageStream, ResumeOutcome::Streamed);
@@ -144,7 +131,7 @@ pub async fn ui_message_stream(
         queue: VecDeque::new(),
         stop: state.views.stopping(),
         ended: false,
-        _slot: StreamSlot::new(permit, &state.metrics),
+        _slot: slot,
     };
     resume.replay(&answer.body.messages[message], run_state);
     let events = stream::unfold(resume, |mut resume| async move {
