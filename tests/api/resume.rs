@@ -62,13 +62,7 @@ impl Rng {
 /// chunk published before it), maybe a HITL question answered by the user after which the run goes on in a new
 /// message, ending with a stop whose answer may hold an unstreamed end. Rows in publish order.
 pub fn conversation(thread: &str, rng: &mut Rng) -> Vec<Value> {
-    let base = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
-    )
-    .unwrap();
+    let base = crate::scene::now_ns(0);
     let mut rows_out = Vec::new();
     let mut at = base;
     let mut n = 0;
@@ -516,81 +510,26 @@ async fn data_until(
 async fn a_live_stream_appends_deltas_then_ends_on_the_question() {
     let app = spawn_app().await;
     let thread = "live-resume";
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
-    )
-    .unwrap();
-    let row =
-        |name: &str, parents: &[&str], agent: (&str, &str), id: &str, at: i64, fields: Value| {
-            Event {
-                agent,
-                thread,
-                display: "d1",
-                run: "r0",
-                event_id: id,
-                name,
-                parents,
-                created_at: at,
-            }
-            .row(fields)
-        };
+    let Running {
+        mut response,
+        mut buffer,
+        id,
+        now,
+    } = open_running(&app, thread).await;
+    let query = format!("agent_class={}&agent_id={}", PRIMARY.0, PRIMARY.1);
+    let block = format!("{id}_0");
+    let delta = |text: &str| json!({"type": "text-delta", "id": block, "delta": text}).to_string();
+    let row = |agent, name, parents, id, at, fields| {
+        run_row(thread, agent, name, parents, id, at, fields)
+    };
     let publish = |rows: Vec<Value>| {
         let app = &app;
-        async move {
-            app.store.insert_rows(&rows).await;
-            rows::publish(&app.publisher, &rows).await;
-        }
+        async move { store_and_publish(app, &rows).await }
     };
-    publish(vec![
-        row(
-            "UserMessageEvent",
-            rows::USER_MESSAGE,
-            ("UserAgent", "user-1"),
-            "e1",
-            now,
-            rows::user_message("[q]hi"),
-        ),
-        row(
-            "ChunkEvent",
-            rows::CHUNK,
-            PRIMARY,
-            "e2",
-            now + 1,
-            rows::chunk("Hel"),
-        ),
-    ])
-    .await;
-    app.api.wait_for_events(2).await;
-    // Held complete, as a thread a chat page has read: what follows is derived from answers from memory.
-    crate::scene::read_until_cache(&app.api, thread, "").await;
-    let query = format!("agent_class={}&agent_id={}", PRIMARY.0, PRIMARY.1);
-    let url = format!(
-        "{}/v1/threads/{thread}/ui-message-stream?{query}",
-        app.api.address
-    );
-    let mut response = app.api.http.get(url).send().await.unwrap();
-    assert_eq!(response.status(), 200);
-    assert_eq!(response.headers()["x-vercel-ai-ui-message-stream"], "v1");
-    let id = items(&app.api, thread).await[1].0.clone();
-    let block = format!("{id}_0");
-    let mut buffer = String::new();
-    let delta = |text: &str| json!({"type": "text-delta", "id": block, "delta": text}).to_string();
-    assert_eq!(
-        data_until(&mut response, &mut buffer, &delta("Hel")).await,
-        [
-            json!({"type": "start", "messageId": id}).to_string(),
-            json!({"type": "start-step"}).to_string(),
-            json!({"type": "text-start", "id": block}).to_string(),
-            delta("Hel"),
-        ]
-    );
     publish(vec![row(
+        PRIMARY,
         "ChunkEvent",
         rows::CHUNK,
-        PRIMARY,
         "e3",
         now + 2,
         rows::chunk("lo"),
@@ -601,9 +540,9 @@ async fn a_live_stream_appends_deltas_then_ends_on_the_question() {
         [delta("lo")]
     );
     publish(vec![row(
+        PRIMARY,
         "HumanInTheLoopChatRequestEvent",
         rows::HITL_CHAT_REQUEST,
-        PRIMARY,
         "e4",
         now + 3,
         json!({"question": "go on?", "hitl_type": "chat"}),
@@ -639,9 +578,9 @@ async fn a_live_stream_appends_deltas_then_ends_on_the_question() {
         listed.body
     );
     publish(vec![row(
+        ("UserAgent", "user-1"),
         "HumanInTheLoopChatResponseEvent",
         rows::HITL_CHAT_RESPONSE,
-        ("UserAgent", "user-1"),
         "e5",
         now + 4,
         json!({"response": "yes"}),
@@ -679,42 +618,74 @@ async fn a_live_stream_appends_deltas_then_ends_on_the_question() {
     );
 }
 
-/// Opens the UI message stream of `thread`'s running answer (its view held complete) and reads its replay up to
-/// the open block's delta.
-async fn open_running(app: &TestApp, thread: &str) -> (reqwest::Response, String) {
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
+/// A row of run `r0` on display `d1` of `thread`.
+fn run_row(
+    thread: &str,
+    agent: (&str, &str),
+    name: &str,
+    parents: &[&str],
+    event_id: &str,
+    created_at: i64,
+    fields: Value,
+) -> Value {
+    Event {
+        agent,
+        thread,
+        display: "d1",
+        run: "r0",
+        event_id,
+        name,
+        parents,
+        created_at,
+    }
+    .row(fields)
+}
+
+/// Stores `rows`, then publishes them, as aihub's persister and agents do.
+async fn store_and_publish(app: &TestApp, rows: &[Value]) {
+    app.store.insert_rows(rows).await;
+    rows::publish(&app.publisher, rows).await;
+}
+
+/// A UI message stream open on a running answer: its response and what was read past its replay, the message's
+/// item id, and the `created_at` its rows started at.
+struct Running {
+    response: reqwest::Response,
+    buffer: String,
+    id: String,
+    now: i64,
+}
+
+/// Opens the UI message stream of `thread`'s running answer (a question and the chunk `Hel`, its view held
+/// complete, as a thread a chat page has read: what follows is derived from answers from memory) and reads its
+/// replay, which must be exactly the message so far.
+async fn open_running(app: &TestApp, thread: &str) -> Running {
+    let now = crate::scene::now_ns(0);
+    let user = ("UserAgent", "user-1");
+    store_and_publish(
+        app,
+        &[
+            run_row(
+                thread,
+                user,
+                "UserMessageEvent",
+                rows::USER_MESSAGE,
+                "e1",
+                now,
+                rows::user_message("[q]hi"),
+            ),
+            run_row(
+                thread,
+                PRIMARY,
+                "ChunkEvent",
+                rows::CHUNK,
+                "e2",
+                now + 1,
+                rows::chunk("Hel"),
+            ),
+        ],
     )
-    .unwrap();
-    let rows = vec![
-        Event {
-            agent: ("UserAgent", "user-1"),
-            thread,
-            display: "d1",
-            run: "r0",
-            event_id: "e1",
-            name: "UserMessageEvent",
-            parents: rows::USER_MESSAGE,
-            created_at: now,
-        }
-        .row(rows::user_message("[q]hi")),
-        Event {
-            agent: PRIMARY,
-            thread,
-            display: "d1",
-            run: "r0",
-            event_id: "e2",
-            name: "ChunkEvent",
-            parents: rows::CHUNK,
-            created_at: now + 1,
-        }
-        .row(rows::chunk("Hel")),
-    ];
-    app.store.insert_rows(&rows).await;
-    rows::publish(&app.publisher, &rows).await;
+    .await;
     app.api.wait_for_events(2).await;
     crate::scene::read_until_cache(&app.api, thread, "").await;
     let url = format!(
@@ -723,14 +694,26 @@ async fn open_running(app: &TestApp, thread: &str) -> (reqwest::Response, String
     );
     let mut response = app.api.http.get(url).send().await.unwrap();
     assert_eq!(response.status(), 200);
-    let mut buffer = String::new();
-    let delta = |id: &str| {
-        json!({"type": "text-delta", "id": format!("{id}_0"), "delta": "Hel"}).to_string()
-    };
+    assert_eq!(response.headers()["x-vercel-ai-ui-message-stream"], "v1");
     let id = items(&app.api, thread).await[1].0.clone();
-    let replay = data_until(&mut response, &mut buffer, &delta(&id)).await;
-    assert_eq!(replay.len(), 4, "{replay:?}");
-    (response, buffer)
+    let block = format!("{id}_0");
+    let delta = json!({"type": "text-delta", "id": block, "delta": "Hel"}).to_string();
+    let mut buffer = String::new();
+    assert_eq!(
+        data_until(&mut response, &mut buffer, &delta).await,
+        [
+            json!({"type": "start", "messageId": id}).to_string(),
+            json!({"type": "start-step"}).to_string(),
+            json!({"type": "text-start", "id": block}).to_string(),
+            delta,
+        ]
+    );
+    Running {
+        response,
+        buffer,
+        id,
+        now,
+    }
 }
 
 /// The worker's shutdown cuts a stream with `abort` (`shutting_down`), a thread past the limit with `error` (the
@@ -738,34 +721,27 @@ async fn open_running(app: &TestApp, thread: &str) -> (reqwest::Response, String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_cut_by_the_shutdown_aborts_and_one_past_the_thread_limit_errors() {
     let mut app = spawn_app_with(|c| c.cache.max_thread_bytes = 1 << 20).await;
-    let (mut outgrown, mut outgrown_buffer) = open_running(&app, "resume-outgrown").await;
-    let (mut cut, mut cut_buffer) = open_running(&app, "resume-cut").await;
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
-    )
-    .unwrap();
+    let mut outgrown = open_running(&app, "resume-outgrown").await;
+    let mut cut = open_running(&app, "resume-cut").await;
     // Past the limit in three chunks (a NATS message holds at most 1 MiB).
     let big: Vec<Value> = (0..3)
         .map(|n| {
-            Event {
-                agent: PRIMARY,
-                thread: "resume-outgrown",
-                display: "d1",
-                run: "r0",
-                event_id: &format!("big{n}"),
-                name: "ChunkEvent",
-                parents: rows::CHUNK,
-                created_at: now + n,
-            }
-            .row(rows::chunk(&"x".repeat(512 << 10)))
+            let text = "x".repeat(512 << 10);
+            let id = format!("big{n}");
+            let at = outgrown.now + 2 + n;
+            run_row(
+                "resume-outgrown",
+                PRIMARY,
+                "ChunkEvent",
+                rows::CHUNK,
+                &id,
+                at,
+                rows::chunk(&text),
+            )
         })
         .collect();
-    app.store.insert_rows(&big).await;
-    rows::publish(&app.publisher, &big).await;
-    let ended = data_until(&mut outgrown, &mut outgrown_buffer, "[DONE]").await;
+    store_and_publish(&app, &big).await;
+    let ended = data_until(&mut outgrown.response, &mut outgrown.buffer, "[DONE]").await;
     let error = ended
         .iter()
         .rev()
@@ -777,7 +753,7 @@ async fn a_stream_cut_by_the_shutdown_aborts_and_one_past_the_thread_limit_error
     assert_eq!(body["error"]["code"], "thread_too_large", "{error}");
 
     app.signal_stop();
-    let ended = data_until(&mut cut, &mut cut_buffer, "[DONE]").await;
+    let ended = data_until(&mut cut.response, &mut cut.buffer, "[DONE]").await;
     assert_eq!(
         ended[ended.len() - 2],
         json!({"type": "abort", "reason": "shutting_down"}).to_string(),
