@@ -7,9 +7,10 @@
 //!
 //! Pure: a projection and its trace in, the model out; the stall bound is applied by the reader, with its clock.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::decode::Body;
+use crate::decode::{Body, ViewEvent};
 use crate::project::{Fate, Projection, Role, StopFate, Trace};
 
 /// A run is `stalled` when it has not ended and its latest event is older than this ([design 3.1]): a failed run
@@ -58,8 +59,9 @@ impl RunState {
 }
 
 /// How a run ended, by the projector's rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum Ended {
+    #[default]
     No,
     Question,
     Stop,
@@ -119,7 +121,15 @@ pub fn runs(projection: &Projection, trace: &Trace<'_>) -> Runs {
             .get(message)
             .is_some_and(|m| m.role == Role::Assistant)
     };
+    // What each run's events say, in one pass (runs and trace are both as long as the thread).
+    let mut facts: HashMap<&str, RunFacts> = HashMap::new();
     for (event, fate) in trace {
+        if !matches!(fate, Fate::DisplayNotVisible) {
+            facts
+                .entry(event.key.run_id())
+                .or_default()
+                .add(event, fate);
+        }
         match (fate, &event.body) {
             (Fate::Counted { message }, Body::Chunk(Ok(text))) if assistant(*message) => {
                 push_text(&mut parts[*message], text);
@@ -139,23 +149,28 @@ pub fn runs(projection: &Projection, trace: &Trace<'_>) -> Runs {
             _ => {}
         }
     }
-    // Each run with the assistant messages it joined.
+    // Each run with the assistant messages it joined, in the order runs first joined one.
     let mut joined: Vec<(&str, Vec<usize>)> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
     for (at, provenance) in projection.provenance.iter().enumerate() {
         if !assistant(at) {
             continue;
         }
         for run in &provenance.runs {
-            match joined.iter_mut().find(|(id, _)| *id == &*run.run_id) {
-                Some((_, messages)) => messages.push(at),
-                None => joined.push((&run.run_id, vec![at])),
-            }
+            let slot = *index.entry(&run.run_id).or_insert_with(|| {
+                joined.push((&run.run_id, Vec::new()));
+                joined.len() - 1
+            });
+            joined[slot].1.push(at);
         }
     }
     joined.sort_by_key(|(_, messages)| messages.last().copied());
     let runs: Vec<Run> = joined
         .into_iter()
-        .map(|(run_id, messages)| run_of(projection, trace, messages, run_id))
+        .map(|(run_id, messages)| {
+            let facts = facts.get(run_id).copied().unwrap_or_default();
+            run_of(projection, facts, messages, run_id)
+        })
         .collect();
     let latest = messages
         .len()
@@ -187,31 +202,42 @@ fn push_text(parts: &mut Vec<RunPart>, text: &str) {
     }
 }
 
-/// Run `run_id`, which joined `messages`: how it ended (the last of its events that may end it, in
-/// projector order, when the projector counts it finished), and when its first and latest events were created.
-fn run_of(projection: &Projection, trace: &Trace<'_>, messages: Vec<usize>, run_id: &str) -> Run {
-    let message = messages.last().copied().unwrap_or_default();
-    let mut ended = Ended::No;
-    let mut first_event_ns = None;
-    let mut last_event_ns = None;
-    for (event, fate) in trace.iter().filter(|(e, _)| e.key.run_id() == run_id) {
-        if matches!(fate, Fate::DisplayNotVisible) {
-            continue;
-        }
+/// What a run's events (those the projector met on visible displays) say: how it ended (the last of its events
+/// that may end it, in projector order) and when its first and latest events were created.
+#[derive(Debug, Clone, Copy, Default)]
+struct RunFacts {
+    ended: Ended,
+    first_event_ns: Option<i64>,
+    last_event_ns: Option<i64>,
+}
+
+impl RunFacts {
+    fn add(&mut self, event: &ViewEvent, fate: &Fate) {
         if let Ok(at) = event.created_at {
-            first_event_ns = Some(first_event_ns.map_or(at, |first: i64| first.min(at)));
-            last_event_ns = last_event_ns.max(Some(at));
+            self.first_event_ns = Some(self.first_event_ns.map_or(at, |first| first.min(at)));
+            self.last_event_ns = self.last_event_ns.max(Some(at));
         }
         match (&event.body, fate) {
-            (_, _) if ended == Ended::Stop => {}
-            (Body::HitlQuestion(_), _) => ended = Ended::Question,
+            (_, _) if self.ended == Ended::Stop => {}
+            (Body::HitlQuestion(_), _) => self.ended = Ended::Question,
             // The answer carries the question's run id: the run goes on.
-            (Body::HitlAnswer(_), _) => ended = Ended::No,
+            (Body::HitlAnswer(_), _) => self.ended = Ended::No,
             (Body::Stop(_), Fate::Stop(StopFate::NotPrimary)) => {}
-            (Body::Stop(_), _) => ended = Ended::Stop,
+            (Body::Stop(_), _) => self.ended = Ended::Stop,
             _ => {}
         }
     }
+}
+
+/// Run `run_id`, which joined `messages`, from its events' `facts`; ended only when the projector counts it
+/// finished.
+fn run_of(projection: &Projection, facts: RunFacts, messages: Vec<usize>, run_id: &str) -> Run {
+    let message = messages.last().copied().unwrap_or_default();
+    let RunFacts {
+        mut ended,
+        first_event_ns,
+        last_event_ns,
+    } = facts;
     if !projection.finished_runs.contains(run_id) {
         ended = Ended::No;
     }
