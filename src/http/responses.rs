@@ -137,6 +137,7 @@ pub async fn get_response(
         next: from,
         stop: state.views.stopping(),
         ended: false,
+        done: false,
         _slot: slot,
     };
     if run_state != RunState::Running {
@@ -163,6 +164,8 @@ struct Follow {
     stop: CancellationToken,
     /// Whether the run ended (or the stream must end): after the events derived, `[DONE]` and the end.
     ended: bool,
+    /// Whether `[DONE]` was sent.
+    done: bool,
     _slot: StreamSlot,
 }
 
@@ -173,11 +176,11 @@ impl Follow {
                 self.next += 1;
                 return Some(Event::default().data(event.clone()));
             }
+            if self.done {
+                return None;
+            }
             if self.ended {
-                if self.next == usize::MAX {
-                    return None;
-                }
-                self.next = usize::MAX;
+                self.done = true;
                 return Some(Event::default().data("[DONE]"));
             }
             self.follow().await;
